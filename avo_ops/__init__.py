@@ -1,0 +1,27 @@
+"""avo_ops: fused, differentiable PyTorch operators generated from YAML specs.
+
+Importing the package loads the compiled extension (`avo_ops._C`), whose static
+initializers register every op under `torch.ops.avo`, then the generated Python glue
+(fake implementations, autograd, functional API).
+
+    import torch, avo_ops
+    y = torch.ops.avo.gelu(x)          # the registered op
+    y = avo_ops.gelu(x, "tanh")        # the functional API (an autograd.Function)
+"""
+from __future__ import annotations
+
+import torch  # noqa: F401  (the extension links against torch's libraries)
+
+from . import _C  # noqa: F401  (registers the ops)
+from ._generated import *  # noqa: F401,F403
+from ._generated import OPS, __all__ as _generated_names
+
+__version__ = "0.1.0"
+
+
+def built_with_cuda() -> bool:
+    """True when this build has CUDA kernels."""
+    return bool(_C.built_with_cuda())
+
+
+__all__ = ["OPS", "built_with_cuda", *_generated_names]

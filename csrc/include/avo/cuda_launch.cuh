@@ -1,0 +1,86 @@
+// Device-side building blocks for generated CUDA kernels: 16-byte vectors, alignment
+// checks, grid sizing and the dtype -> CUDA element type mapping. CUDA headers only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "dtype.h"
+#include "map_args.h"
+
+namespace avo {
+
+// Threads per block of elementwise kernels.
+constexpr int kMapThreads = 256;
+
+// V elements of T, loaded and stored as one 16-byte (for V * sizeof(T) == 16) access.
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Vec {
+  T v[V];
+};
+
+template <int V, typename T>
+__device__ __forceinline__ Vec<T, V> load_vec(const T* p) {
+  return *reinterpret_cast<const Vec<T, V>*>(p);
+}
+
+template <int V, typename T>
+__device__ __forceinline__ void store_vec(T* p, const Vec<T, V>& value) {
+  *reinterpret_cast<Vec<T, V>*>(p) = value;
+}
+
+inline bool is_aligned(const void* p, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+// True when every present pointer of `args` is `bytes`-aligned.
+template <int NumInputs, int NumOutputs>
+bool all_aligned(const MapArgs<NumInputs, NumOutputs>& args, uintptr_t bytes) {
+  for (int k = 0; k < NumInputs; ++k)
+    if (args.inputs[k] != nullptr && !is_aligned(args.inputs[k], bytes)) return false;
+  for (int k = 0; k < NumOutputs; ++k)
+    if (!is_aligned(args.outputs[k], bytes)) return false;
+  return true;
+}
+
+// Multiprocessors of the current device, read once per device.
+inline int multiprocessor_count() {
+  constexpr int kMaxDevices = 64;
+  static int counts[kMaxDevices] = {};
+  int device = 0;
+  cudaGetDevice(&device);
+  if (device >= kMaxDevices) device = 0;
+  if (counts[device] == 0) {
+    int count = 0;
+    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+    counts[device] = count > 0 ? count : 1;
+  }
+  return counts[device];
+}
+
+// Blocks for a grid-stride loop over `work_items`: no more blocks than the work
+// needs, and no more than `waves` full waves of resident blocks.
+inline unsigned grid_size(int64_t work_items, int threads, int waves) {
+  const int64_t needed = (work_items + threads - 1) / threads;
+  const int64_t resident = int64_t(multiprocessor_count()) * (2048 / threads) * waves;
+  const int64_t blocks = needed < resident ? needed : resident;
+  return unsigned(blocks > 0 ? blocks : 1);
+}
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls f(TypeTag<element type>{}) for the CUDA element type of `dtype`.
+template <typename F>
+void visit_cuda_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::Float32: f(TypeTag<float>{}); break;
+    case DType::Float16: f(TypeTag<__half>{}); break;
+    case DType::BFloat16: f(TypeTag<__nv_bfloat16>{}); break;
+  }
+}
+
+}  // namespace avo

@@ -1,0 +1,125 @@
+"""Reverse-mode symbolic differentiation of an expression graph.
+
+Given the forward graph (outputs as functions of the tensor inputs), build, for each
+tensor input, the expression of d(loss)/d(input) in terms of the inputs, the
+attributes and one incoming gradient `grad_<output>` per output. The result is again a
+`Graph`, so the backward kernels come out of the same emitters as the forward ones.
+"""
+from __future__ import annotations
+
+from .errors import SpecError
+from .ir import Graph, Node, base_env, const, lower_forward, lower_gradient_override, make, tensor, topological_order
+from .model import OpSpec
+
+TWO_OVER_SQRT_PI = 1.1283791670955126
+
+
+def grad_name(output: str) -> str:
+    return f"grad_{output}"
+
+
+def _local_gradients(node: Node, adjoint: Node) -> list[tuple[Node, Node]]:
+    """(argument, contribution) pairs: how `adjoint` of `node` flows to its arguments."""
+    op, args, g = node.op, node.args, adjoint
+    if op == "add":
+        return [(args[0], g), (args[1], g)]
+    if op == "sub":
+        return [(args[0], g), (args[1], make("neg", g))]
+    if op == "mul":
+        a, b = args
+        return [(a, make("mul", g, b)), (b, make("mul", g, a))]
+    if op == "div":
+        a, b = args
+        # d(a/b)/db = -(a/b)/b: reuse the quotient already computed.
+        return [(a, make("div", g, b)), (b, make("neg", make("div", make("mul", g, node), b)))]
+    if op == "neg":
+        return [(args[0], make("neg", g))]
+    if op == "pow":
+        a, b = args
+        if b.is_const:  # d(a**c)/da = c * a**(c-1)
+            return [(a, make("mul", g, make("mul", b, make("pow", a, const(b.value - 1.0)))))]
+        da = make("mul", g, make("mul", b, make("pow", a, make("sub", b, const(1.0)))))
+        db = make("mul", g, make("mul", node, make("log", a)))
+        return [(a, da), (b, db)]
+    if op == "exp":
+        return [(args[0], make("mul", g, node))]
+    if op == "log":
+        return [(args[0], make("div", g, args[0]))]
+    if op == "sqrt":
+        return [(args[0], make("div", make("mul", g, const(0.5)), node))]
+    if op == "rsqrt":
+        cube = make("mul", make("mul", node, node), node)
+        return [(args[0], make("mul", make("mul", g, const(-0.5)), cube))]
+    if op == "tanh":
+        return [(args[0], make("mul", g, make("sub", const(1.0), make("mul", node, node))))]
+    if op == "erf":
+        a = args[0]
+        slope = make("mul", const(TWO_OVER_SQRT_PI), make("exp", make("neg", make("mul", a, a))))
+        return [(a, make("mul", g, slope))]
+    if op == "sigmoid":
+        return [(args[0], make("mul", g, make("mul", node, make("sub", const(1.0), node))))]
+    if op == "abs":
+        return [(args[0], make("mul", g, make("sign", args[0])))]
+    if op == "sign":
+        return []
+    if op in ("min", "max"):
+        # As torch.minimum / torch.maximum: the winner takes the gradient, a tie splits it.
+        a, b = args
+        a_wins = make("lt" if op == "min" else "gt", a, b)
+        b_wins = make("gt" if op == "min" else "lt", a, b)
+        half = make("mul", g, const(0.5))
+        to_a = make("where", a_wins, g, make("where", b_wins, const(0.0), half))
+        to_b = make("where", b_wins, g, make("where", a_wins, const(0.0), half))
+        return [(a, to_a), (b, to_b)]
+    if op == "where":
+        cond, a, b = args
+        return [(a, make("where", cond, g, const(0.0))), (b, make("where", cond, const(0.0), g))]
+    if op in ("lt", "le", "gt", "ge", "eq", "ne"):
+        return []  # conditions carry no gradient
+    raise AssertionError(f"no derivative rule for {op}")
+
+
+def differentiate(forward: Graph) -> dict[str, Node]:
+    """d(loss)/d(input) for every tensor input of `forward`'s spec."""
+    spec = forward.spec
+    adjoints: dict[int, Node] = {}
+    for output, root in forward.results.items():
+        seed = tensor(grad_name(output))
+        adjoints[id(root)] = make("add", adjoints[id(root)], seed) if id(root) in adjoints else seed
+    for node in reversed(topological_order(forward.results.values())):
+        g = adjoints.get(id(node))
+        if g is None or not node.args:
+            continue
+        for arg, contribution in _local_gradients(node, g):
+            if arg.domain != "elem":
+                continue  # constants and attributes have no gradient
+            previous = adjoints.get(id(arg))
+            adjoints[id(arg)] = contribution if previous is None else make("add", previous, contribution)
+    return {i.name: adjoints.get(id(tensor(i.name)), const(0.0)) for i in spec.inputs}
+
+
+def lower_backward(spec: OpSpec, specialization: dict[str, str]) -> Graph:
+    """The backward Graph: results are `grad_<input>` for every tensor input.
+
+    A `grads:` entry in the spec replaces the derived formula for that input."""
+    forward = lower_forward(spec, specialization)
+    grads = differentiate(forward)
+    env = base_env(spec)
+    env.update({name: node for node, name in forward.names.items()})
+    for name, node in forward.results.items():
+        env[name] = node
+    for o in spec.outputs:
+        env[grad_name(o.name)] = tensor(grad_name(o.name))
+    for override in spec.grads:
+        grads[override.name] = lower_gradient_override(spec, specialization, env, override)
+    results = {grad_name(name): node for name, node in grads.items()}
+    names = dict(forward.names)
+    return Graph(spec, specialization, results, names)
+
+
+def check_differentiable(spec: OpSpec, graph: Graph) -> None:
+    """Reject specs whose gradient uses something the backward op cannot see."""
+    allowed = {i.name for i in spec.inputs} | {grad_name(o.name) for o in spec.outputs}
+    for node in topological_order(graph.results.values()):
+        if node.op == "input" and node.value not in allowed:
+            raise SpecError(spec.where, f"internal: gradient refers to unknown tensor '{node.value}'")

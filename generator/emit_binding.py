@@ -1,0 +1,129 @@
+"""Emit the binding layer: `<op>_binding.cpp` (argument checks, output allocation,
+CPU and CUDA implementations) and `registration.cpp` (the one TORCH_LIBRARY(avo))."""
+from __future__ import annotations
+
+from .emit_kernels import enum_name, header_comment
+from .model import Attr, OpSpec
+from .schedule import MapKernel, OpSchedule
+
+NAMESPACE = "avo"
+SCHEMA_TYPES = {"float": "float", "int": "int", "bool": "bool", "str": "str"}
+CPP_ARG_TYPES = {"float": "double", "int": "int64_t", "bool": "bool", "str": "c10::string_view"}
+
+
+def schema_default(a: Attr) -> str:
+    if a.type == "str":
+        return f'"{a.default}"'
+    if a.type == "bool":
+        return "True" if a.default else "False"
+    return repr(a.default)
+
+
+def _attr_schema(a: Attr) -> str:
+    text = f"{SCHEMA_TYPES[a.type]} {a.name}"
+    return text + (f"={schema_default(a)}" if a.default is not None else "")
+
+
+def schema(kernel: MapKernel) -> str:
+    """The op schema, e.g. `gelu(Tensor x, str approximate="none") -> Tensor`."""
+    args = [f"Tensor? {i.name}=None" if i.optional else f"Tensor {i.name}" for i in kernel.inputs]
+    args += [_attr_schema(a) for a in kernel.op.attrs]
+    returns = "Tensor" if len(kernel.outputs) == 1 else "(" + ", ".join(["Tensor"] * len(kernel.outputs)) + ")"
+    return f"{kernel.registered_name}({', '.join(args)}) -> {returns}"
+
+
+def _cpp_params(kernel: MapKernel) -> str:
+    params = [f"const std::optional<at::Tensor>& {i.name}" if i.optional else f"const at::Tensor& {i.name}"
+              for i in kernel.inputs]
+    params += [f"{CPP_ARG_TYPES[a.type]} {a.name}" for a in kernel.op.attrs]
+    return ", ".join(params)
+
+
+def _return_type(kernel: MapKernel) -> str:
+    if len(kernel.outputs) == 1:
+        return "at::Tensor"
+    return "std::tuple<" + ", ".join(["at::Tensor"] * len(kernel.outputs)) + ">"
+
+
+def _launch_args(kernel: MapKernel) -> str:
+    """Arguments after `call.args` for the launchers: enums first, then scalars."""
+    args = [f"{a.name}_choice" for a in kernel.op.attrs if a.type == "str"]
+    args += [f"static_cast<{ctype}>({name})" for name, ctype in kernel.scalars]
+    return ", ".join(args)
+
+
+def _impl(kernel: MapKernel, device: str) -> list[str]:
+    op = f"{NAMESPACE}::{kernel.registered_name}"
+    lines = [f"{_return_type(kernel)} {kernel.role}_{device}_impl({_cpp_params(kernel)}) {{"]
+    for a in kernel.op.attrs:
+        if a.type == "str":
+            lines.append(f'  const {enum_name(a.name)} {a.name}_choice = parse_{a.name}("{op}", {a.name});')
+    named = ", ".join(
+        f'{{"{i.name}", {i.name}.has_value() ? &*{i.name} : nullptr}}' if i.optional else f'{{"{i.name}", &{i.name}}}'
+        for i in kernel.inputs
+    )
+    n_in, n_out = len(kernel.inputs), len(kernel.outputs)
+    lines.append(f'  auto call = avo::binding::prepare_map<{n_in}, {n_out}>("{op}", {{{{{named}}}}});')
+    extra = _launch_args(kernel)
+    extra = f", {extra}" if extra else ""
+    if device == "cpu":
+        lines += [
+            "  avo::binding::parallel_over_elements(call.args.numel, [&](int64_t begin, int64_t end) {",
+            f"    {kernel.role}_cpu(call.dtype, call.args{extra}, begin, end);",
+            "  });",
+        ]
+    else:
+        lines += [
+            "  const c10::cuda::CUDAGuard device_guard(call.device);",
+            f"  {kernel.role}_cuda(call.dtype, call.args{extra}, c10::cuda::getCurrentCUDAStream());",
+            "  C10_CUDA_KERNEL_LAUNCH_CHECK();",
+        ]
+    lines += ["  return avo::binding::returned(call.outputs);", "}", ""]
+    return lines
+
+
+def _parser(a: Attr) -> list[str]:
+    choices = ", ".join(f"'{c}'" for c in a.choices)
+    lines = [f"{enum_name(a.name)} parse_{a.name}(const char* op, c10::string_view value) {{"]
+    for c in a.choices:
+        lines.append(f'  if (value == "{c}") return {enum_name(a.name)}::{c};')
+    lines += [f"  TORCH_CHECK_VALUE(false, op, \": argument '{a.name}' must be one of {choices}, got '\", std::string(value), \"'\");",
+              "}", ""]
+    return lines
+
+
+def emit_binding(s: OpSchedule) -> str:
+    spec = s.spec
+    kernels = (s.forward, s.backward)
+    lines = [header_comment(spec.path), "#include <torch/library.h>", "", "#include <optional>", "#include <string>", "",
+             '#include "map_binding.h"', f'#include "{spec.name}.h"', "",
+             "#if defined(AVO_WITH_CUDA)", "#include <c10/cuda/CUDAException.h>", "#include <c10/cuda/CUDAGuard.h>",
+             "#include <c10/cuda/CUDAStream.h>", "#endif", "",
+             f"namespace avo::ops::{spec.name} {{", "namespace {", ""]
+    for a in spec.attrs:
+        if a.type == "str":
+            lines += _parser(a)
+    for kernel in kernels:
+        lines += _impl(kernel, "cpu")
+    lines.append("#if defined(AVO_WITH_CUDA)")
+    for kernel in kernels:
+        lines += _impl(kernel, "cuda")
+    lines += ["#endif", "", "}  // namespace", "", f"TORCH_LIBRARY_IMPL({NAMESPACE}, CPU, m) {{"]
+    lines += [f'  m.impl("{k.registered_name}", &{k.role}_cpu_impl);' for k in kernels]
+    lines += ["}", "", "#if defined(AVO_WITH_CUDA)", f"TORCH_LIBRARY_IMPL({NAMESPACE}, CUDA, m) {{"]
+    lines += [f'  m.impl("{k.registered_name}", &{k.role}_cuda_impl);' for k in kernels]
+    lines += ["}", "#endif", "", f"}}  // namespace avo::ops::{spec.name}", ""]
+    return "\n".join(lines)
+
+
+def emit_registration(schedules: list[OpSchedule]) -> str:
+    lines = [header_comment("specs/*.yaml"), "#include <torch/library.h>", "",
+             "// Every schema of the avo namespace; the implementations live in <op>_binding.cpp.",
+             f"TORCH_LIBRARY({NAMESPACE}, m) {{"]
+    for s in schedules:
+        lines.append(f"  // {s.spec.path}")
+        for kernel in (s.forward, s.backward):
+            text = schema(kernel).replace('"', '\\"')
+            lines.append(f'  m.def("{text}", {{at::Tag::pt2_compliant_tag}});')
+    lines += ["}", ""]
+    return "\n".join(lines)

@@ -1,0 +1,140 @@
+"""Print an expression graph as C++ statements, shared by the CUDA and CPU emitters.
+
+A node gets its own `const float` line when the spec named it, when it is used more
+than once, or when it is a result; everything else is inlined, so the generated math
+reads like the spec.
+"""
+from __future__ import annotations
+
+from .ir import Graph, Node, topological_order
+
+FUNCTIONS = {
+    "exp": "expf",
+    "log": "logf",
+    "sqrt": "sqrtf",
+    "rsqrt": "avo::rsqrt",
+    "tanh": "tanhf",
+    "erf": "erff",
+    "sigmoid": "avo::sigmoid",
+    "abs": "fabsf",
+    "sign": "avo::sign",
+    "min": "avo::minimum",
+    "max": "avo::maximum",
+    "pow": "powf",
+}
+INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+# Binding strength, for the fewest parentheses that keep the meaning.
+PRECEDENCE = {"where": 0, "lt": 1, "le": 1, "gt": 1, "ge": 1, "eq": 1, "ne": 1,
+              "add": 2, "sub": 2, "mul": 3, "div": 3, "neg": 4}
+ATOM = 5
+SMALL_POWERS = (-1.0, 2.0, 3.0, 4.0)  # printed as products or a reciprocal
+
+
+def float_literal(value: float) -> str:
+    text = repr(float(value))
+    if "e" not in text and "." not in text:
+        text += ".0"
+    return text + "f"
+
+
+def literal(node: Node) -> str:
+    if node.type == "b":
+        return "true" if node.value else "false"
+    return float_literal(node.value)
+
+
+class StatementPrinter:
+    """Turns `graph.results` into C++ lines assigning each result variable."""
+
+    def __init__(self, graph: Graph, leaf_names: dict[str, str]):
+        self.graph = graph
+        self.leaf_names = leaf_names  # spec name -> C++ expression for inputs and attributes
+        self.order = topological_order(graph.results.values())
+        uses: dict[int, int] = {}
+        for node in self.order:
+            for a in node.args:
+                uses[id(a)] = uses.get(id(a), 0) + 1
+        self.uses = uses
+        self.names: dict[int, str] = {}
+        taken = set(leaf_names) | set(graph.results)
+        for node, name in graph.names.items():
+            if node.args and name not in taken and id(node) not in self.names:
+                self.names[id(node)] = name
+                taken.add(name)
+        self.taken = taken
+
+    def lines(self) -> list[str]:
+        out: list[str] = []
+        result_of = {}
+        for name, node in self.graph.results.items():
+            result_of.setdefault(id(node), name)
+        temp = 0
+        for node in self.order:
+            if not node.args:
+                continue
+            is_result = id(node) in result_of
+            if not (is_result or id(node) in self.names or self.uses.get(id(node), 0) > 1):
+                continue
+            text = self.expr(node, top=True)
+            if is_result:
+                self.names[id(node)] = result_of[id(node)]
+                out.append(f"{result_of[id(node)]} = {text};")
+                continue
+            if id(node) not in self.names:
+                while f"t{temp}" in self.taken:
+                    temp += 1
+                self.names[id(node)] = f"t{temp}"
+                temp += 1
+            ctype = "bool" if node.type == "b" else "float"
+            out.append(f"const {ctype} {self.names[id(node)]} = {text};")
+        for name, node in self.graph.results.items():
+            if result_of[id(node)] != name or not node.args:
+                out.append(f"{name} = {self.ref(node)};")
+        return out
+
+    def ref(self, node: Node) -> str:
+        if node.op == "const":
+            return literal(node)
+        if node.op in ("input", "attr"):
+            return self.leaf_names[node.value]
+        return self.names[id(node)]
+
+    def expr(self, node: Node, top: bool = False) -> str:
+        if not top and (not node.args or id(node) in self.names):
+            return self.ref(node)
+        op, args = node.op, node.args
+        if op in INFIX:
+            left = self.operand(args[0], op, right=False)
+            right = self.operand(args[1], op, right=True)
+            return f"{left} {INFIX[op]} {right}"
+        if op in COMPARE:
+            return f"{self.operand(args[0], op, False)} {COMPARE[op]} {self.operand(args[1], op, True)}"
+        if op == "neg":
+            return f"-{self.operand(args[0], op, False)}"
+        if op == "where":
+            return f"{self.operand(args[0], op, False)} ? {self.expr(args[1])} : {self.expr(args[2])}"
+        if op == "pow" and args[1].is_const and args[1].value in SMALL_POWERS:
+            exponent = int(args[1].value)
+            if exponent == -1:
+                return f"1.0f / {self.operand(args[0], 'div', True)}"
+            factor = self.operand(args[0], "mul", False)
+            return " * ".join([factor] * exponent)
+        return f"{FUNCTIONS[op]}({', '.join(self.expr(a) for a in args)})"
+
+    def operand(self, child: Node, parent_op: str, right: bool) -> str:
+        text = self.expr(child)
+        inline = child.args and id(child) not in self.names
+        if child.op == "const" and child.value < 0:
+            return f"({text})"
+        if not inline:
+            return text
+        child_prec = PRECEDENCE.get(child.op, ATOM)
+        if child.op == "pow" and child.args[1].is_const and child.args[1].value in SMALL_POWERS:
+            child_prec = PRECEDENCE["mul"]  # printed as a product or quotient
+        parent_prec = PRECEDENCE[parent_op]
+        # Same precedence on the right keeps the spec's evaluation order: a - (b - c).
+        needs = child_prec < parent_prec or (child_prec == parent_prec and right)
+        if parent_op == "where":
+            needs = child_prec <= PRECEDENCE["where"]
+        return f"({text})" if needs else text

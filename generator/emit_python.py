@@ -1,0 +1,105 @@
+"""Emit the Python glue of one op (`avo_ops/_generated/<op>.py`): fake (meta)
+implementations, autograd registration, the autograd.Function class and the
+functional API; plus the package index `avo_ops/_generated/__init__.py`."""
+from __future__ import annotations
+
+import textwrap
+
+from .emit_binding import NAMESPACE
+from .emit_kernels import header_comment
+from .model import Attr
+from .schedule import MapKernel, OpSchedule, _camel
+
+PY_TYPES = {"float": "float", "int": "int", "bool": "bool", "str": "str"}
+
+
+def _py_default(a: Attr) -> str:
+    return repr(a.default)
+
+
+def _params(kernel: MapKernel, annotate: bool) -> str:
+    out = []
+    for i in kernel.inputs:
+        if annotate:
+            out.append(f"{i.name}: torch.Tensor | None = None" if i.optional else f"{i.name}: torch.Tensor")
+        else:
+            out.append(f"{i.name}=None" if i.optional else i.name)
+    for a in kernel.op.attrs:
+        text = f"{a.name}: {PY_TYPES[a.type]}" if annotate else a.name
+        if a.default is not None:
+            text += f" = {_py_default(a)}" if annotate else f"={_py_default(a)}"
+        out.append(text)
+    return ", ".join(out)
+
+
+def _fake(kernel: MapKernel) -> list[str]:
+    op = f"{NAMESPACE}::{kernel.registered_name}"
+    lines = [f'@torch.library.register_fake("{op}")', f"def _{kernel.registered_name}_fake({_params(kernel, False)}):"]
+    for a in kernel.op.attrs:
+        if a.type == "str":
+            lines.append(f'    _runtime.check_choice("{op}", "{a.name}", {a.name}, {a.choices!r})')
+    named = ", ".join(f'"{i.name}": {i.name}' for i in kernel.inputs)
+    lines += [f'    return _runtime.map_fake("{op}", {{{named}}}, {len(kernel.outputs)})', "", ""]
+    return lines
+
+
+def emit_python(s: OpSchedule) -> str:
+    spec, fwd, bwd = s.spec, s.forward, s.backward
+    name = spec.name
+    cls = f"{_camel(name)}Function"
+    tensor_names = [i.name for i in spec.inputs]
+    attr_names = [a.name for a in spec.attrs]
+    grad_outputs = [f"grad_{o.name}" for o in spec.outputs]
+    lines = [header_comment(spec.path, "#").rstrip("\n"), f'"""The generated glue of avo::{name} (see {spec.path})."""',
+             "from __future__ import annotations", "", "import torch", "", "from .. import _runtime", "",
+             f'__all__ = ["{name}", "{cls}"]', "", ""]
+    lines += _fake(fwd) + _fake(bwd)
+
+    all_inputs = ", ".join(tensor_names + attr_names)
+    lines += ["def _setup_context(ctx, inputs, output):",
+              f"    {all_inputs}{',' if len(tensor_names + attr_names) == 1 else ''} = inputs",
+              f"    ctx.save_for_backward({', '.join(tensor_names)})"]
+    lines += [f"    ctx.{a} = {a}" for a in attr_names]
+    lines += ["", "", f"def _backward(ctx, {', '.join(grad_outputs)}):",
+              f"    {', '.join(tensor_names)}{',' if len(tensor_names) == 1 else ''} = ctx.saved_tensors"]
+    call_args = ", ".join(grad_outputs + tensor_names + [f"ctx.{a}" for a in attr_names])
+    grads = [f"grad_{n}" for n in tensor_names]
+    lines.append(f"    {', '.join(grads)} = torch.ops.{NAMESPACE}.{bwd.registered_name}({call_args})")
+    returned = [f"_runtime.reduce_grad(grad_{n}, {n})" for n in tensor_names] + ["None"] * len(attr_names)
+    lines += [f"    return {', '.join(returned)}", "", "",
+              f'torch.library.register_autograd("{NAMESPACE}::{name}", _backward, setup_context=_setup_context)', "", ""]
+
+    lines += [f"class {cls}(torch.autograd.Function):",
+              f'    """autograd.Function of avo::{name}; `{name}()` below is its functional form."""', "",
+              "    @staticmethod", f"    def forward({_params(fwd, False)}):",
+              f"        return torch.ops.{NAMESPACE}.{name}({all_inputs})", "",
+              "    setup_context = staticmethod(_setup_context)", "    backward = staticmethod(_backward)", "", ""]
+
+    ret = "torch.Tensor" if len(spec.outputs) == 1 else "tuple[" + ", ".join(["torch.Tensor"] * len(spec.outputs)) + "]"
+    doc = textwrap.wrap(spec.doc, 88)
+    lines += [f"def {name}({_params(fwd, True)}) -> {ret}:", f'    """{doc[0]}', *[f"    {d}" for d in doc[1:]], "", "    Args:"]
+    for i in spec.inputs:
+        doc = i.doc or "input tensor"
+        extra = f" Optional: a missing tensor stands for {i.default}." if i.optional else ""
+        lines.append(f"        {i.name}: {doc} (float32, float16 or bfloat16).{extra}")
+    for a in spec.attrs:
+        choices = f" One of {', '.join(repr(c) for c in a.choices)}." if a.choices else ""
+        lines.append(f"        {a.name}: {a.doc or a.type}.{choices}")
+    outs = ", ".join(o.name for o in spec.outputs)
+    lines += ["", "    Returns:", f"        {outs}: a new contiguous tensor of the inputs' broadcast shape and dtype.",
+              '    """', f"    return {cls}.apply({all_inputs})", ""]
+    return "\n".join(lines)
+
+
+def emit_python_index(schedules: list[OpSchedule]) -> str:
+    lines = [header_comment("specs/*.yaml", "#").rstrip("\n"), '"""The generated ops, one module each."""',
+             "from __future__ import annotations", ""]
+    names = []
+    for s in schedules:
+        cls = f"{_camel(s.spec.name)}Function"
+        lines.append(f"from .{s.spec.name} import {cls}, {s.spec.name}")
+        names += [s.spec.name, cls]
+    lines += ["", "# Every op: its name in torch.ops.avo and its spec.",
+              "OPS = {" + ", ".join(f'"{s.spec.name}": "{s.spec.path}"' for s in schedules) + "}", "",
+              "__all__ = [" + ", ".join(f'"{n}"' for n in ["OPS", *names]) + "]", ""]
+    return "\n".join(lines)

@@ -1,0 +1,371 @@
+"""The expression IR: one small immutable node type, interned so that equal
+subexpressions are the same object (common subexpressions are shared for free).
+
+Types:   'f' (a float value, computed in fp32 by the kernels) or 'b' (a boolean).
+Domain:  'scalar' (constants and attributes: the same for every element) or 'elem'
+         (varies per element). Reductions will add a per-row domain; nothing here
+         assumes there are only two.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .errors import Location, SpecError
+from .expr import COMPARISONS, Syntax, parse_expression
+from .model import OpSpec
+
+UNARY_FUNCTIONS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "sign")
+BINARY_FUNCTIONS = ("min", "max")
+COMPARE_OPS = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne"}
+ARITHMETIC_OPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "**": "pow"}
+NAMED_CONSTANTS = {"pi": math.pi}
+
+
+class Node:
+    """An interned expression node. Build with `make` (or the helpers below), never directly."""
+
+    __slots__ = ("op", "args", "value", "type", "domain", "__weakref__")
+    _interned: dict = {}
+
+    op: str  # 'input', 'attr', 'const', or an operation name
+    args: tuple["Node", ...]
+    value: object  # name for input/attr, number or bool for const
+    type: str
+    domain: str
+
+    @classmethod
+    def make(cls, op: str, args: tuple["Node", ...] = (), value=None, type_: str = "f") -> "Node":
+        key = (op, tuple(id(a) for a in args), type(value).__name__, repr(value), type_)
+        node = cls._interned.get(key)
+        if node is None:
+            node = object.__new__(cls)
+            node.op, node.args, node.value, node.type = op, args, value, type_
+            node.domain = "elem" if op == "input" or any(a.domain == "elem" for a in args) else "scalar"
+            cls._interned[key] = node
+        return node
+
+    def __repr__(self) -> str:
+        if self.op in ("input", "attr"):
+            return str(self.value)
+        if self.op == "const":
+            return repr(self.value)
+        return f"{self.op}({', '.join(map(repr, self.args))})"
+
+    @property
+    def is_const(self) -> bool:
+        return self.op == "const"
+
+
+def const(value) -> Node:
+    if isinstance(value, bool):
+        return Node.make("const", value=value, type_="b")
+    value = float(value)
+    return Node.make("const", value=0.0 if value == 0 else value)  # fold -0.0 into 0.0
+
+
+def tensor(name: str) -> Node:
+    return Node.make("input", value=name)
+
+
+def attr(name: str, type_: str) -> Node:
+    return Node.make("attr", value=name, type_=type_)
+
+
+def _cv(node: Node):
+    return node.value if node.is_const else None
+
+
+def _fold_unary(op: str, v: float) -> float | None:
+    try:
+        if op == "exp":
+            return math.exp(v)
+        if op == "log":
+            return math.log(v) if v > 0 else None
+        if op == "sqrt":
+            return math.sqrt(v) if v >= 0 else None
+        if op == "rsqrt":
+            return 1.0 / math.sqrt(v) if v > 0 else None
+        if op == "tanh":
+            return math.tanh(v)
+        if op == "erf":
+            return math.erf(v)
+        if op == "sigmoid":
+            return 1.0 / (1.0 + math.exp(-v))
+        if op == "abs":
+            return abs(v)
+        if op == "sign":
+            return float((v > 0) - (v < 0))
+        if op == "neg":
+            return -v
+    except OverflowError:
+        return None
+    return None
+
+
+def make(op: str, *args: Node) -> Node:
+    """Build `op(args)`, simplifying on the way (constant folding, x*1, x+0, ...)."""
+    values = [_cv(a) for a in args]
+    if op == "where":
+        cond, a, b = args
+        if cond.is_const:
+            return a if cond.value else b
+        if a is b:
+            return a
+        return Node.make(op, args)
+    if op in COMPARE_OPS.values():
+        if all(v is not None for v in values):
+            x, y = values
+            return const({"lt": x < y, "le": x <= y, "gt": x > y, "ge": x >= y, "eq": x == y, "ne": x != y}[op])
+        return Node.make(op, args, type_="b")
+    if len(args) == 1:
+        (v,) = values
+        if v is not None:
+            folded = _fold_unary(op, v)
+            if folded is not None:
+                return const(folded)
+        if op == "neg" and args[0].op == "neg":
+            return args[0].args[0]
+        return Node.make(op, args)
+    a, b = args
+    va, vb = values
+    if va is not None and vb is not None:
+        folded = _fold_binary(op, va, vb)
+        if folded is not None:
+            return const(folded)
+    if op == "add":
+        if va == 0:
+            return b
+        if vb == 0:
+            return a
+        if b.op == "neg":
+            return make("sub", a, b.args[0])
+    elif op == "sub":
+        if vb == 0:
+            return a
+        if va == 0:
+            return make("neg", b)
+        if b.op == "neg":
+            return make("add", a, b.args[0])
+    elif op == "mul":
+        if va == 0 or vb == 0:
+            return const(0.0)
+        if va == 1:
+            return b
+        if vb == 1:
+            return a
+        if va == -1:
+            return make("neg", b)
+        if vb == -1:
+            return make("neg", a)
+        if a.op == "neg" and b.op == "neg":
+            return make("mul", a.args[0], b.args[0])
+        if a.op == "neg":
+            return make("neg", make("mul", a.args[0], b))
+        if b.op == "neg":
+            return make("neg", make("mul", a, b.args[0]))
+    elif op == "div":
+        if vb == 1:
+            return a
+        if va == 0:
+            return const(0.0)
+        if a.op == "neg":
+            return make("neg", make("div", a.args[0], b))
+    elif op == "pow":
+        return _power(a, b)
+    return Node.make(op, args)
+
+
+def _power(base: Node, exponent: Node) -> Node:
+    """x**0.5 and x**-0.5 become roots; other constant powers stay `pow` and the
+    printer writes small integer ones as products (exact, and faster than powf)."""
+    c = _cv(exponent)
+    if c == 0:
+        return const(1.0)
+    if c == 1:
+        return base
+    if c == 0.5:
+        return make("sqrt", base)
+    if c == -0.5:
+        return make("rsqrt", base)
+    return Node.make("pow", (base, exponent))
+
+
+def _fold_binary(op: str, x: float, y: float) -> float | None:
+    try:
+        if op == "add":
+            return x + y
+        if op == "sub":
+            return x - y
+        if op == "mul":
+            return x * y
+        if op == "div":
+            return x / y if y != 0 else None
+        if op == "pow":
+            result = x**y
+            return result if isinstance(result, float) else None
+        if op == "min":
+            return min(x, y)
+        if op == "max":
+            return max(x, y)
+    except (OverflowError, ZeroDivisionError, ValueError):
+        return None
+    return None
+
+
+# ---------------------------------------------------------------------------------
+# Lowering spec math to the IR
+# ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Graph:
+    """The math of one op for one choice of its string attributes.
+
+    `results` maps each output (or, for a backward graph, each input's gradient) to
+    its node; `names` gives the spec's names to the nodes they were assigned to, so
+    the generated code reads like the spec."""
+
+    spec: OpSpec
+    specialization: dict[str, str]
+    results: dict[str, Node]
+    names: dict[Node, str] = field(default_factory=dict)
+
+
+class _Lowering:
+    def __init__(self, spec: OpSpec, specialization: dict[str, str], env: dict[str, Node]):
+        self.spec = spec
+        self.specialization = specialization
+        self.env = env
+        self.string_attrs = {a.name: a for a in spec.attrs if a.type == "str"}
+
+    def lower(self, tree: Syntax, where: Location, context: str) -> Node:
+        self.where, self.context = where, context
+        return self.visit(tree)
+
+    def fail(self, tree: Syntax, message: str):
+        raise SpecError(self.where, f"in {self.context}: {message} (column {tree.column})")
+
+    def visit(self, t: Syntax) -> Node:
+        if t.kind == "num":
+            return const(t.value)
+        if t.kind == "str":
+            self.fail(t, f"a string ('{t.value}') may only be compared with a string attribute")
+        if t.kind == "name":
+            if t.value in self.string_attrs:
+                self.fail(t, f"string attribute '{t.value}' may only be compared with one of its choices")
+            if t.value in self.env:
+                return self.env[t.value]
+            if t.value in NAMED_CONSTANTS:
+                return const(NAMED_CONSTANTS[t.value])
+            self.fail(t, f"unknown name '{t.value}'")
+        if t.kind == "neg":
+            return make("neg", self.number(t.args[0]))
+        if t.kind == "binary":
+            if t.value in COMPARISONS:
+                return self.compare(t)
+            return make(ARITHMETIC_OPS[t.value], self.number(t.args[0]), self.number(t.args[1]))
+        if t.kind == "call":
+            return self.call(t)
+        raise AssertionError(t.kind)
+
+    def number(self, t: Syntax) -> Node:
+        node = self.visit(t)
+        if node.type != "f":
+            self.fail(t, "expected a number here, got a condition")
+        return node
+
+    def compare(self, t: Syntax) -> Node:
+        left, right = t.args
+        for name_side, str_side in ((left, right), (right, left)):
+            if name_side.kind == "name" and name_side.value in self.string_attrs:
+                attribute = self.string_attrs[name_side.value]
+                if str_side.kind != "str" or t.value not in ("==", "!="):
+                    self.fail(t, f"string attribute '{attribute.name}' may only be compared with == or != to a string")
+                if str_side.value not in attribute.choices:
+                    choices = ", ".join(repr(c) for c in attribute.choices)
+                    self.fail(str_side, f"'{str_side.value}' is not a choice of '{attribute.name}' ({choices})")
+                equal = self.specialization[attribute.name] == str_side.value
+                return const(equal if t.value == "==" else not equal)
+        return make(COMPARE_OPS[t.value], self.number(left), self.number(right))
+
+    def call(self, t: Syntax) -> Node:
+        name, args = t.value, t.args
+        if name in UNARY_FUNCTIONS:
+            self.arity(t, 1)
+            return make(name, self.number(args[0]))
+        if name in BINARY_FUNCTIONS:
+            self.arity(t, 2)
+            return make(name, self.number(args[0]), self.number(args[1]))
+        if name == "where":
+            self.arity(t, 3)
+            cond = self.visit(args[0])
+            if cond.type != "b":
+                self.fail(args[0], "the first argument of where() must be a condition such as x > 0")
+            return make("where", cond, self.number(args[1]), self.number(args[2]))
+        known = ", ".join((*UNARY_FUNCTIONS, *BINARY_FUNCTIONS, "where"))
+        self.fail(t, f"unknown function '{name}' (known: {known})")
+
+    def arity(self, t: Syntax, n: int) -> None:
+        if len(t.args) != n:
+            self.fail(t, f"{t.value}() takes {n} argument{'s' if n > 1 else ''}, got {len(t.args)}")
+
+
+def base_env(spec: OpSpec) -> dict[str, Node]:
+    env: dict[str, Node] = {i.name: tensor(i.name) for i in spec.inputs}
+    for a in spec.attrs:
+        if a.type != "str":
+            env[a.name] = attr(a.name, "b" if a.type == "bool" else "f")
+    return env
+
+
+def lower_forward(spec: OpSpec, specialization: dict[str, str]) -> Graph:
+    """Lower the spec's `math` to a Graph whose results are the outputs."""
+    env = base_env(spec)
+    lowering = _Lowering(spec, specialization, env)
+    names: dict[Node, str] = {}
+    output_names = {o.name for o in spec.outputs}
+    for line in spec.math:
+        if line.name in env:
+            raise SpecError(line.where, f"'{line.name}' is already defined; each name is assigned once")
+        tree = parse_expression(line.source, line.where, f"'{line.name}'")
+        node = lowering.lower(tree, line.where, f"'{line.name}'")
+        if node.type != "f":
+            raise SpecError(line.where, f"'{line.name}' is a condition; only numbers can be assigned (use where())")
+        env[line.name] = node
+        names.setdefault(node, line.name)
+    for o in spec.outputs:
+        if o.name not in env or o.name not in {m.name for m in spec.math}:
+            raise SpecError(o.where, f"output '{o.name}' is never assigned in 'math'")
+    results = {o.name: env[o.name] for o in spec.outputs if o.name in output_names}
+    return Graph(spec, specialization, results, names)
+
+
+def lower_gradient_override(spec: OpSpec, specialization: dict[str, str], env: dict[str, Node], line) -> Node:
+    """Lower a `grads:` formula; it may use the inputs, attributes, math names and grad_<output>."""
+    lowering = _Lowering(spec, specialization, env)
+    tree = parse_expression(line.source, line.where, f"the gradient of '{line.name}'")
+    node = lowering.lower(tree, line.where, f"the gradient of '{line.name}'")
+    if node.type != "f":
+        raise SpecError(line.where, f"the gradient of '{line.name}' must be a number, not a condition")
+    return node
+
+
+def topological_order(roots) -> list[Node]:
+    """Every node reachable from `roots`, each after its arguments, in a stable order."""
+    order: list[Node] = []
+    seen: set[int] = set()
+    stack = [(r, False) for r in reversed(list(roots))]
+    while stack:
+        node, expanded = stack.pop()
+        if id(node) in seen:
+            continue
+        if expanded:
+            seen.add(id(node))
+            order.append(node)
+            continue
+        stack.append((node, True))
+        for a in reversed(node.args):
+            if id(a) not in seen:
+                stack.append((a, False))
+    return order

@@ -1,0 +1,115 @@
+"""Choose the kernel pattern of an op and describe its kernels for the emitters.
+
+Language v1 knows one pattern, **map**: every output element depends only on the
+input elements at the same (broadcast) position. Each map kernel comes in two
+versions, picked on the host per call by a table the CUDA emitter writes into the
+generated source:
+
+    | layout of the call                                       | version    |
+    |----------------------------------------------------------|------------|
+    | all inputs dense like the output, pointers 16B-aligned    | vectorized |
+    | anything else (strided, broadcast, storage offset)        | strided    |
+
+Reductions ("row reduction then map", "column reduction") will add patterns here.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from .autodiff import grad_name, lower_backward
+from .errors import SpecError
+from .ir import Graph, lower_forward
+from .model import ELLIPSIS, OpSpec
+
+CPP_SCALAR_TYPES = {"float": "float", "int": "int64_t", "bool": "bool"}
+
+
+@dataclass(frozen=True)
+class KernelInput:
+    name: str
+    optional: bool
+    default: float | None
+
+
+@dataclass(frozen=True)
+class Specialization:
+    """One choice of every string attribute; kernels are compiled per choice."""
+
+    choices: tuple[tuple[str, str], ...]  # (attribute, choice)
+
+    @property
+    def as_dict(self) -> dict[str, str]:
+        return dict(self.choices)
+
+    @property
+    def suffix(self) -> str:
+        """CamelCase name part, e.g. ApproximateTanh; empty without string attributes."""
+        return "".join(_camel(a) + _camel(c) for a, c in self.choices)
+
+    @property
+    def description(self) -> str:
+        return ", ".join(f'{a}="{c}"' for a, c in self.choices)
+
+
+@dataclass(frozen=True)
+class MapKernel:
+    """One elementwise kernel (the forward or the backward of an op)."""
+
+    op: OpSpec
+    role: str  # "forward" or "backward"
+    inputs: tuple[KernelInput, ...]
+    outputs: tuple[str, ...]
+    scalars: tuple[tuple[str, str], ...]  # (attribute, C++ type) passed by value
+    graphs: tuple[tuple[Specialization, Graph], ...]
+
+    @property
+    def registered_name(self) -> str:
+        return self.op.name if self.role == "forward" else f"{self.op.name}_backward"
+
+    @property
+    def args_type(self) -> str:
+        return f"{self.role.capitalize()}Args"
+
+    def math_struct(self, specialization: Specialization) -> str:
+        return f"{self.role.capitalize()}{specialization.suffix}Math"
+
+
+@dataclass(frozen=True)
+class OpSchedule:
+    spec: OpSpec
+    pattern: str
+    specializations: tuple[Specialization, ...]
+    forward: MapKernel
+    backward: MapKernel
+
+
+def _camel(name: str) -> str:
+    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
+
+
+def specializations(spec: OpSpec) -> tuple[Specialization, ...]:
+    string_attrs = [a for a in spec.attrs if a.type == "str"]
+    combos = itertools.product(*[[(a.name, c) for c in a.choices] for a in string_attrs])
+    return tuple(Specialization(tuple(combo)) for combo in combos)
+
+
+def schedule(spec: OpSpec) -> OpSchedule:
+    for item in (*spec.inputs, *spec.outputs):
+        if item.shape != (ELLIPSIS,):
+            raise SpecError(
+                item.where,
+                f"'{item.name}' has shape {list(item.shape)}: elementwise ops take [...] in language v1; "
+                "named dimensions come with reductions",
+            )
+    variants = specializations(spec)
+    forward_graphs = tuple((s, lower_forward(spec, s.as_dict)) for s in variants)
+    backward_graphs = tuple((s, lower_backward(spec, s.as_dict)) for s in variants)
+    scalars = tuple((a.name, CPP_SCALAR_TYPES[a.type]) for a in spec.attrs if a.type != "str")
+    inputs = tuple(KernelInput(i.name, i.optional, i.default) for i in spec.inputs)
+    forward = MapKernel(spec, "forward", inputs, tuple(o.name for o in spec.outputs), scalars, forward_graphs)
+    grad_inputs = tuple(KernelInput(grad_name(o.name), False, None) for o in spec.outputs)
+    backward = MapKernel(
+        spec, "backward", grad_inputs + inputs, tuple(grad_name(i.name) for i in spec.inputs), scalars, backward_graphs
+    )
+    return OpSchedule(spec, "map", variants, forward, backward)

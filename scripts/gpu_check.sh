@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Build avo_ops in place, run the tests and the quick benchmark, in one call on the GPU
+# machine (H200, 16 cores, torch preinstalled as python3, no network).
+#
+#   scripts/gpu_check.sh            # run from the repository root
+#
+# Full logs and the benchmark reports go to "$OUT" when it is set, otherwise to a new
+# temporary directory. A summary (test result line, benchmark table) is printed last.
+# Exit status: non-zero when the build, the tests or the benchmark failed.
+
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+LOGS="${OUT:-$(mktemp -d -t avo_gpu_check.XXXXXX)}"
+mkdir -p "$LOGS"
+export PYTHONUNBUFFERED=1
+
+SCRIPT_START=$SECONDS
+STEP_START=$SECONDS
+build_rc=-1 tests_rc=-1 bench_rc=-1
+
+banner() {
+    STEP_START=$SECONDS
+    printf '\n==================== %s ====================\n' "$*"
+}
+
+took() {
+    printf -- '---- %s: %ss\n' "$1" "$((SECONDS - STEP_START))"
+}
+
+test_line() {
+    grep -E '[0-9]+ (passed|failed|error)|no tests ran' "$LOGS/tests.log" 2>/dev/null | tail -n 1
+}
+
+summary() {
+    banner "summary (logs in $LOGS, total $((SECONDS - SCRIPT_START))s)"
+    echo "build: $([ "$build_rc" -eq 0 ] && echo ok || echo "FAILED (rc=$build_rc)")"
+    if [ "$tests_rc" -ge 0 ]; then
+        echo "tests: rc=$tests_rc  $(test_line)"
+    fi
+    if [ "$bench_rc" -ge 0 ]; then
+        echo "bench: rc=$bench_rc"
+        cat "$LOGS/bench_summary.txt" 2>/dev/null
+    fi
+}
+
+# (a) machine ----------------------------------------------------------------------
+banner "machine"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem \
+    --format=csv 2>&1 || echo "nvidia-smi failed"
+python3 - <<'EOF' 2>&1
+import sys, torch
+print(f"python {sys.version.split()[0]}, torch {torch.__version__}, "
+      f"CUDA {torch.version.cuda}, cuda available: {torch.cuda.is_available()}")
+EOF
+command -v nvcc >/dev/null && nvcc --version | tail -n 1
+took machine
+
+# (b) build --------------------------------------------------------------------------
+banner "build (pip install -e .)"
+MAX_JOBS=16 TORCH_CUDA_ARCH_LIST="9.0" \
+    python3 -m pip install --no-build-isolation --no-deps -e . 2>&1 \
+    | tee "$LOGS/build.log" | tail -n 30
+build_rc=${PIPESTATUS[0]}
+took build
+if [ "$build_rc" -ne 0 ]; then
+    echo "!!!! BUILD FAILED (rc=$build_rc); full log: $LOGS/build.log"
+    summary
+    exit 1
+fi
+
+# (c) tests --------------------------------------------------------------------------
+banner "tests (pytest -q tests)"
+python3 -m pytest -q tests 2>&1 | tee "$LOGS/tests.log" | tail -n 40
+tests_rc=${PIPESTATUS[0]}
+took tests
+[ "$tests_rc" -ne 0 ] && echo "!!!! TESTS FAILED (rc=$tests_rc); full log: $LOGS/tests.log"
+
+# (d) benchmark ----------------------------------------------------------------------
+banner "benchmark (--quick)"
+# stdout (the summary table) to a file, stderr (progress) on screen and into the log.
+python3 benchmarks/bench_ops.py --quick --json "$LOGS/bench.json" --markdown "$LOGS/bench.md" \
+    2>&1 >"$LOGS/bench_summary.txt" | tee "$LOGS/bench.log"
+bench_rc=${PIPESTATUS[0]}
+took benchmark
+[ "$bench_rc" -ne 0 ] && echo "!!!! BENCHMARK FAILED (rc=$bench_rc); full log: $LOGS/bench.log"
+
+# (e) summary ------------------------------------------------------------------------
+summary
+exit $(( tests_rc != 0 || bench_rc != 0 ))

@@ -1,0 +1,118 @@
+"""Build avo_ops: regenerate the sources from specs/, then compile one extension,
+`avo_ops._C`, with ninja.
+
+CUDA kernels are built when torch has CUDA and nvcc is found (CUDA_HOME); otherwise
+the build is CPU-only and says so. Environment:
+    AVO_BUILD_CUDA=0          force a CPU-only build
+    TORCH_CUDA_ARCH_LIST      GPU architectures (default "8.0;9.0")
+    MAX_JOBS                  parallel compile jobs (ninja)
+"""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import sys
+import time
+
+from setuptools import find_packages, setup
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_CUDA_ARCHS = "8.0;9.0"
+
+
+def regenerate_sources() -> None:
+    sys.path.insert(0, ROOT)
+    try:
+        from generator.build import generate
+        from generator.errors import SpecError
+    finally:
+        sys.path.pop(0)
+    try:
+        outcome = generate(ROOT, os.path.join(ROOT, "specs"), check=False)
+    except SpecError as error:
+        sys.exit(f"error: {error}")
+    for path in outcome.written:
+        print(f"avo_ops: regenerated {path}")
+
+
+def locate_cuda_home() -> None:
+    """torch takes CUDA_HOME from the nvcc on PATH; when that nvcc is a link or a
+    wrapper outside the toolkit (say /usr/local/bin/nvcc), find the toolkit itself
+    so that the CUDA headers are found."""
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
+        return
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return
+    for toolkit in (os.path.dirname(os.path.dirname(os.path.realpath(nvcc))), "/usr/local/cuda"):
+        if os.path.exists(os.path.join(toolkit, "include", "cuda_runtime_api.h")):
+            os.environ["CUDA_HOME"] = toolkit
+            return
+
+
+def want_cuda() -> bool:
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    if os.environ.get("AVO_BUILD_CUDA", "1") == "0":
+        print("avo_ops: AVO_BUILD_CUDA=0, building the CPU kernels only")
+        return False
+    if torch.version.cuda is None or CUDA_HOME is None:
+        reason = "torch has no CUDA" if torch.version.cuda is None else "nvcc was not found (set CUDA_HOME)"
+        print(f"avo_ops: {reason}; building the CPU kernels only")
+        return False
+    return True
+
+
+def extension():
+    from torch.utils.cpp_extension import CppExtension, CUDAExtension
+
+    cuda = want_cuda()
+    sources = ["csrc/python_module.cpp", *sorted(glob.glob("csrc/generated/*.cpp"))]
+    include_dirs = [os.path.join(ROOT, d) for d in ("csrc/include", "csrc", "csrc/generated")]
+    cxx_flags = ["-O3"]
+    if not cuda:
+        return CppExtension("avo_ops._C", sources, include_dirs=include_dirs, extra_compile_args={"cxx": cxx_flags})
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCHS)
+    print(f"avo_ops: building CUDA kernels for {os.environ['TORCH_CUDA_ARCH_LIST']}")
+    sources += sorted(glob.glob("csrc/generated/*.cu"))
+    return CUDAExtension(
+        "avo_ops._C",
+        sources,
+        include_dirs=include_dirs,
+        define_macros=[("AVO_WITH_CUDA", None)],
+        extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-lineinfo"]},
+    )
+
+
+regenerate_sources()
+locate_cuda_home()
+
+from torch.utils.cpp_extension import BuildExtension  # noqa: E402  (needs torch, after the generator)
+
+
+class BuildAvoExtension(BuildExtension):
+    """Compiles into a fixed ./build/temp folder, so that ninja reuses the objects of
+    the last build (pip would otherwise compile everything in a fresh temp folder)
+    and prints how long the build took."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.build_temp = os.path.join(ROOT, "build", "temp")
+
+    def run(self):
+        start = time.monotonic()
+        super().run()
+        print(f"avo_ops: extension built in {time.monotonic() - start:.0f} s")
+
+setup(
+    name="avo_ops",
+    version="0.1.0",
+    description="Fused, differentiable PyTorch operators generated from YAML specs",
+    packages=find_packages(include=["avo_ops", "avo_ops.*"]),
+    ext_modules=[extension()],
+    cmdclass={"build_ext": BuildAvoExtension},
+    python_requires=">=3.10",
+    install_requires=["torch>=2.4"],
+)
