@@ -105,9 +105,7 @@ def lower_backward(spec: OpSpec, specialization: dict[str, str]) -> Graph:
     forward = lower_forward(spec, specialization)
     grads = differentiate(forward)
     env = base_env(spec)
-    env.update({name: node for node, name in forward.names.items()})
-    for name, node in forward.results.items():
-        env[name] = node
+    env.update(forward.bindings)
     for o in spec.outputs:
         env[grad_name(o.name)] = tensor(grad_name(o.name))
     for override in spec.grads:

@@ -150,31 +150,36 @@ def _cuda_kernels(kernel: MapKernel) -> list[str]:
     role, args_type = kernel.role, kernel.args_type
     vec_name, strided_name = f"{role}_vectorized", f"{role}_strided"
     lines = [
-        f"// {role.capitalize()}, every tensor dense and 16-byte aligned: each thread moves 16-byte",
-        "// vectors in a grid-stride loop; the numel % V elements past the last vector follow.",
+        f"// {role.capitalize()}, every tensor dense and 16-byte aligned. Block b covers the U * kMapThreads",
+        "// 16-byte vectors from b * U * kMapThreads on; each thread loads its U vectors per input",
+        "// (coalesced across the block) before computing any, so that enough loads are in flight,",
+        "// then stores U vectors per output. Block 0 also takes the numel % V elements past the",
+        "// last full vector.",
         "template <typename T, typename Math>",
         f"__global__ void __launch_bounds__(avo::kMapThreads) {vec_name}(const {args_type} args, const Math math) {{",
         "  constexpr int V = 16 / sizeof(T);",
+        "  constexpr int U = kVectorsPerThread;",
     ]
     lines += _pointer_lines(kernel, "  ")
     lines += [
         "  const int64_t vectors = args.numel / V;",
-        "  const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;",
-        "  const int64_t step = int64_t(gridDim.x) * blockDim.x;",
-        "  for (int64_t v = first; v < vectors; v += step) {",
+        "  const int64_t base = int64_t(blockIdx.x) * (U * avo::kMapThreads) + threadIdx.x;",
+        "  {",
     ]
+    lines += [f"    avo::Vec<T, V> {i.name}_v[U] = {{}};" for i in kernel.inputs]
+    lines += ["    AVO_UNROLL", "    for (int u = 0; u < U; ++u) {", "      const int64_t v = base + u * avo::kMapThreads;"]
     for i in kernel.inputs:
-        if i.optional:
-            lines += [f"    avo::Vec<T, V> {i.name}_v;",
-                      f"    if ({i.name} != nullptr) {i.name}_v = avo::load_vec<V>({i.name} + v * V);"]
-        else:
-            lines.append(f"    const avo::Vec<T, V> {i.name}_v = avo::load_vec<V>({i.name} + v * V);")
-    lines += [f"    avo::Vec<T, V> {o}_v;" for o in kernel.outputs]
-    lines += ["AVO_UNROLL", "    for (int k = 0; k < V; ++k) {"]
-    lines += _element_body(kernel, lambda k, n: f"{n}_v.v[k]", lambda k, n, value: f"{n}_v.v[k] = {value};", "      ")
+        guard = f"{i.name} != nullptr && v < vectors" if i.optional else "v < vectors"
+        lines.append(f"      if ({guard}) {i.name}_v[u] = avo::load_vec<V>({i.name} + v * V);")
     lines.append("    }")
-    lines += [f"    avo::store_vec<V>({o} + v * V, {o}_v);" for o in kernel.outputs]
-    lines += ["  }", "  const int64_t i = vectors * V + first;", "  if (i < args.numel) {"]
+    lines += [f"    avo::Vec<T, V> {o}_v[U];" for o in kernel.outputs]
+    lines += ["    AVO_UNROLL", "    for (int u = 0; u < U; ++u) {", "      AVO_UNROLL", "      for (int k = 0; k < V; ++k) {"]
+    lines += _element_body(kernel, lambda k, n: f"{n}_v[u].v[k]",
+                           lambda k, n, value: f"{n}_v[u].v[k] = {value};", "        ")
+    lines += ["      }", "    }", "    AVO_UNROLL", "    for (int u = 0; u < U; ++u) {",
+              "      const int64_t v = base + u * avo::kMapThreads;"]
+    lines += [f"      if (v < vectors) avo::store_vec<V>({o} + v * V, {o}_v[u]);" for o in kernel.outputs]
+    lines += ["    }", "  }", "  const int64_t i = vectors * V + threadIdx.x;", "  if (blockIdx.x == 0 && i < args.numel) {"]
     lines += _element_body(kernel, lambda k, n: f"{n}[i]", lambda k, n, value: f"{n}[i] = {value};", "    ")
     lines += ["  }", "}", ""]
 
@@ -201,10 +206,11 @@ def _cuda_kernels(kernel: MapKernel) -> list[str]:
         "  if (args.numel == 0) return;",
         "  if (args.contiguous && avo::all_aligned(args, 16)) {",
         "    constexpr int V = 16 / sizeof(T);",
-        "    const unsigned blocks = avo::grid_size((args.numel + V - 1) / V, avo::kMapThreads, kVectorWaves);",
-        f"    {vec_name}<T><<<blocks, avo::kMapThreads, 0, stream>>>(args, math);",
+        "    const int64_t per_block = int64_t(kVectorsPerThread) * avo::kMapThreads;",
+        "    const int64_t blocks = (args.numel / V + per_block - 1) / per_block;",
+        f"    {vec_name}<T><<<unsigned(blocks > 0 ? blocks : 1), avo::kMapThreads, 0, stream>>>(args, math);",
         "  } else {",
-        "    const unsigned blocks = avo::grid_size(args.numel, avo::kMapThreads, kStridedWaves);",
+        f"    const unsigned blocks = avo::resident_grid_size({strided_name}<T, Math>, args.numel, avo::kMapThreads);",
         f"    {strided_name}<T><<<blocks, avo::kMapThreads, 0, stream>>>(args, math);",
         "  }",
         "}",
@@ -216,8 +222,8 @@ def _cuda_kernels(kernel: MapKernel) -> list[str]:
 def _dispatch_table(role: str) -> list[str]:
     """The kernel choice of launch_<role>, as a table in the generated source."""
     rows = [("layout of the call", "kernel", "grid"),
-            ("dense like the output, all pointers 16-byte aligned", f"{role}_vectorized", "<= kVectorWaves waves"),
-            ("anything else (strided, broadcast, storage offset)", f"{role}_strided", "<= kStridedWaves waves")]
+            ("dense like the output, all pointers 16-byte aligned", f"{role}_vectorized", "one block per U * threads vectors"),
+            ("anything else (strided, broadcast, storage offset)", f"{role}_strided", "one wave of resident blocks, grid-stride")]
     widths = [max(len(r[c]) for r in rows) for c in range(3)]
     table = [f"//   | {' | '.join(cell.ljust(w) for cell, w in zip(r, widths))} |" for r in rows]
     table.insert(1, f"//   |{'|'.join('-' * (w + 2) for w in widths)}|")
@@ -228,8 +234,8 @@ def emit_cuda(s: OpSchedule) -> str:
     spec = s.spec
     lines = [header_comment(spec.path), f'#include "{spec.name}.h"', f'#include "{spec.name}_math.h"', "",
              "#include <avo/cuda_launch.cuh>", "", f"namespace avo::ops::{spec.name} {{", "namespace {", "",
-             "// Grid-stride loops launch at most this many waves of resident blocks.",
-             "constexpr int kVectorWaves = 1;", "constexpr int kStridedWaves = 1;", ""]
+             "// 16-byte vectors each thread of a vectorized kernel moves per input and output.",
+             "constexpr int kVectorsPerThread = 4;", ""]
     for kernel in (s.forward, s.backward):
         lines += _cuda_kernels(kernel)
     lines += ["}  // namespace", ""]

@@ -230,6 +230,7 @@ class Graph:
     specialization: dict[str, str]
     results: dict[str, Node]
     names: dict[Node, str] = field(default_factory=dict)
+    bindings: dict[str, Node] = field(default_factory=dict)  # every name the math assigned
 
 
 class _Lowering:
@@ -325,20 +326,23 @@ def lower_forward(spec: OpSpec, specialization: dict[str, str]) -> Graph:
     lowering = _Lowering(spec, specialization, env)
     names: dict[Node, str] = {}
     output_names = {o.name for o in spec.outputs}
+    string_attrs = {a.name for a in spec.attrs if a.type == "str"}
+    bindings: dict[str, Node] = {}
     for line in spec.math:
-        if line.name in env:
+        if line.name in env or line.name in string_attrs:
             raise SpecError(line.where, f"'{line.name}' is already defined; each name is assigned once")
         tree = parse_expression(line.source, line.where, f"'{line.name}'")
         node = lowering.lower(tree, line.where, f"'{line.name}'")
         if node.type != "f":
             raise SpecError(line.where, f"'{line.name}' is a condition; only numbers can be assigned (use where())")
         env[line.name] = node
+        bindings[line.name] = node
         names.setdefault(node, line.name)
     for o in spec.outputs:
         if o.name not in env or o.name not in {m.name for m in spec.math}:
             raise SpecError(o.where, f"output '{o.name}' is never assigned in 'math'")
     results = {o.name: env[o.name] for o in spec.outputs if o.name in output_names}
-    return Graph(spec, specialization, results, names)
+    return Graph(spec, specialization, results, names, bindings)
 
 
 def lower_gradient_override(spec: OpSpec, specialization: dict[str, str], env: dict[str, Node], line) -> Node:

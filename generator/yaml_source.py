@@ -48,6 +48,11 @@ def parse_yaml(text: str, shown: str) -> YNode:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark else 1
         raise SpecError(Location(shown, line), f"invalid YAML: {e.problem or e.context}") from None
+    except yaml.reader.ReaderError as e:  # e.g. a control character; it knows its offset only
+        line = text.count("\n", 0, e.position) + 1
+        raise SpecError(Location(shown, line), f"invalid YAML: {e.reason} (character {e.character!r})") from None
+    except yaml.YAMLError as e:
+        raise SpecError(Location(shown, 1), f"invalid YAML: {e}") from None
     if root is None:
         raise SpecError(Location(shown, 1), "the spec file is empty")
     return _convert(root, shown)
@@ -65,12 +70,14 @@ def _convert(node: yaml.Node, shown: str) -> YNode:
                 raise SpecError(key.where, f"duplicate key '{key.value}'")
             value = _convert(value_node, shown)
             # A key's value is reported at the key's line: that is where a reader looks.
-            out[key.value] = YNode(value.value, key.where) if value.kind == "scalar" else value
+            out[key.value] = YNode(value.value, key.where)
         return YNode(out, where)
     if isinstance(node, yaml.SequenceNode):
         return YNode([_convert(item, shown) for item in node.value], where)
     # Scalars: let the safe constructor give ints, floats, bools, null and strings.
-    value = yaml.SafeLoader(  # a throw-away loader, used only for its scalar constructors
-        ""
-    ).construct_object(node, deep=True)
+    try:
+        value = yaml.SafeLoader("").construct_object(node, deep=True)  # a loader used only to construct
+    except (yaml.YAMLError, ValueError, TypeError) as e:
+        problem = getattr(e, "problem", None) or str(e)
+        raise SpecError(where, f"invalid YAML value {node.value!r}: {problem}") from None
     return YNode(value, where)

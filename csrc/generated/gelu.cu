@@ -9,34 +9,48 @@
 namespace avo::ops::gelu {
 namespace {
 
-// Grid-stride loops launch at most this many waves of resident blocks.
-constexpr int kVectorWaves = 1;
-constexpr int kStridedWaves = 1;
+// 16-byte vectors each thread of a vectorized kernel moves per input and output.
+constexpr int kVectorsPerThread = 4;
 
-// Forward, every tensor dense and 16-byte aligned: each thread moves 16-byte
-// vectors in a grid-stride loop; the numel % V elements past the last vector follow.
+// Forward, every tensor dense and 16-byte aligned. Block b covers the U * kMapThreads
+// 16-byte vectors from b * U * kMapThreads on; each thread loads its U vectors per input
+// (coalesced across the block) before computing any, so that enough loads are in flight,
+// then stores U vectors per output. Block 0 also takes the numel % V elements past the
+// last full vector.
 template <typename T, typename Math>
 __global__ void __launch_bounds__(avo::kMapThreads) forward_vectorized(const ForwardArgs args, const Math math) {
   constexpr int V = 16 / sizeof(T);
+  constexpr int U = kVectorsPerThread;
   const T* __restrict__ x = static_cast<const T*>(args.inputs[0]);
   T* __restrict__ y = static_cast<T*>(args.outputs[0]);
   const int64_t vectors = args.numel / V;
-  const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t step = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t v = first; v < vectors; v += step) {
-    const avo::Vec<T, V> x_v = avo::load_vec<V>(x + v * V);
-    avo::Vec<T, V> y_v;
-AVO_UNROLL
-    for (int k = 0; k < V; ++k) {
-      const float x_f = avo::Element<T>::to_float(x_v.v[k]);
-      float y_f;
-      math(x_f, y_f);
-      y_v.v[k] = avo::Element<T>::from_float(y_f);
+  const int64_t base = int64_t(blockIdx.x) * (U * avo::kMapThreads) + threadIdx.x;
+  {
+    avo::Vec<T, V> x_v[U] = {};
+    AVO_UNROLL
+    for (int u = 0; u < U; ++u) {
+      const int64_t v = base + u * avo::kMapThreads;
+      if (v < vectors) x_v[u] = avo::load_vec<V>(x + v * V);
     }
-    avo::store_vec<V>(y + v * V, y_v);
+    avo::Vec<T, V> y_v[U];
+    AVO_UNROLL
+    for (int u = 0; u < U; ++u) {
+      AVO_UNROLL
+      for (int k = 0; k < V; ++k) {
+        const float x_f = avo::Element<T>::to_float(x_v[u].v[k]);
+        float y_f;
+        math(x_f, y_f);
+        y_v[u].v[k] = avo::Element<T>::from_float(y_f);
+      }
+    }
+    AVO_UNROLL
+    for (int u = 0; u < U; ++u) {
+      const int64_t v = base + u * avo::kMapThreads;
+      if (v < vectors) avo::store_vec<V>(y + v * V, y_v[u]);
+    }
   }
-  const int64_t i = vectors * V + first;
-  if (i < args.numel) {
+  const int64_t i = vectors * V + threadIdx.x;
+  if (blockIdx.x == 0 && i < args.numel) {
     const float x_f = avo::Element<T>::to_float(x[i]);
     float y_f;
     math(x_f, y_f);
@@ -62,50 +76,67 @@ __global__ void __launch_bounds__(avo::kMapThreads) forward_strided(const Forwar
 }
 
 // Which forward kernel runs, chosen on the host per call:
-//   | layout of the call                                  | kernel             | grid                   |
-//   |-----------------------------------------------------|--------------------|------------------------|
-//   | dense like the output, all pointers 16-byte aligned | forward_vectorized | <= kVectorWaves waves  |
-//   | anything else (strided, broadcast, storage offset)  | forward_strided    | <= kStridedWaves waves |
+//   | layout of the call                                  | kernel             | grid                                     |
+//   |-----------------------------------------------------|--------------------|------------------------------------------|
+//   | dense like the output, all pointers 16-byte aligned | forward_vectorized | one block per U * threads vectors        |
+//   | anything else (strided, broadcast, storage offset)  | forward_strided    | one wave of resident blocks, grid-stride |
 template <typename T, typename Math>
 void launch_forward(const ForwardArgs& args, const Math& math, cudaStream_t stream) {
   if (args.numel == 0) return;
   if (args.contiguous && avo::all_aligned(args, 16)) {
     constexpr int V = 16 / sizeof(T);
-    const unsigned blocks = avo::grid_size((args.numel + V - 1) / V, avo::kMapThreads, kVectorWaves);
-    forward_vectorized<T><<<blocks, avo::kMapThreads, 0, stream>>>(args, math);
+    const int64_t per_block = int64_t(kVectorsPerThread) * avo::kMapThreads;
+    const int64_t blocks = (args.numel / V + per_block - 1) / per_block;
+    forward_vectorized<T><<<unsigned(blocks > 0 ? blocks : 1), avo::kMapThreads, 0, stream>>>(args, math);
   } else {
-    const unsigned blocks = avo::grid_size(args.numel, avo::kMapThreads, kStridedWaves);
+    const unsigned blocks = avo::resident_grid_size(forward_strided<T, Math>, args.numel, avo::kMapThreads);
     forward_strided<T><<<blocks, avo::kMapThreads, 0, stream>>>(args, math);
   }
 }
 
-// Backward, every tensor dense and 16-byte aligned: each thread moves 16-byte
-// vectors in a grid-stride loop; the numel % V elements past the last vector follow.
+// Backward, every tensor dense and 16-byte aligned. Block b covers the U * kMapThreads
+// 16-byte vectors from b * U * kMapThreads on; each thread loads its U vectors per input
+// (coalesced across the block) before computing any, so that enough loads are in flight,
+// then stores U vectors per output. Block 0 also takes the numel % V elements past the
+// last full vector.
 template <typename T, typename Math>
 __global__ void __launch_bounds__(avo::kMapThreads) backward_vectorized(const BackwardArgs args, const Math math) {
   constexpr int V = 16 / sizeof(T);
+  constexpr int U = kVectorsPerThread;
   const T* __restrict__ grad_y = static_cast<const T*>(args.inputs[0]);
   const T* __restrict__ x = static_cast<const T*>(args.inputs[1]);
   T* __restrict__ grad_x = static_cast<T*>(args.outputs[0]);
   const int64_t vectors = args.numel / V;
-  const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t step = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t v = first; v < vectors; v += step) {
-    const avo::Vec<T, V> grad_y_v = avo::load_vec<V>(grad_y + v * V);
-    const avo::Vec<T, V> x_v = avo::load_vec<V>(x + v * V);
-    avo::Vec<T, V> grad_x_v;
-AVO_UNROLL
-    for (int k = 0; k < V; ++k) {
-      const float grad_y_f = avo::Element<T>::to_float(grad_y_v.v[k]);
-      const float x_f = avo::Element<T>::to_float(x_v.v[k]);
-      float grad_x_f;
-      math(grad_y_f, x_f, grad_x_f);
-      grad_x_v.v[k] = avo::Element<T>::from_float(grad_x_f);
+  const int64_t base = int64_t(blockIdx.x) * (U * avo::kMapThreads) + threadIdx.x;
+  {
+    avo::Vec<T, V> grad_y_v[U] = {};
+    avo::Vec<T, V> x_v[U] = {};
+    AVO_UNROLL
+    for (int u = 0; u < U; ++u) {
+      const int64_t v = base + u * avo::kMapThreads;
+      if (v < vectors) grad_y_v[u] = avo::load_vec<V>(grad_y + v * V);
+      if (v < vectors) x_v[u] = avo::load_vec<V>(x + v * V);
     }
-    avo::store_vec<V>(grad_x + v * V, grad_x_v);
+    avo::Vec<T, V> grad_x_v[U];
+    AVO_UNROLL
+    for (int u = 0; u < U; ++u) {
+      AVO_UNROLL
+      for (int k = 0; k < V; ++k) {
+        const float grad_y_f = avo::Element<T>::to_float(grad_y_v[u].v[k]);
+        const float x_f = avo::Element<T>::to_float(x_v[u].v[k]);
+        float grad_x_f;
+        math(grad_y_f, x_f, grad_x_f);
+        grad_x_v[u].v[k] = avo::Element<T>::from_float(grad_x_f);
+      }
+    }
+    AVO_UNROLL
+    for (int u = 0; u < U; ++u) {
+      const int64_t v = base + u * avo::kMapThreads;
+      if (v < vectors) avo::store_vec<V>(grad_x + v * V, grad_x_v[u]);
+    }
   }
-  const int64_t i = vectors * V + first;
-  if (i < args.numel) {
+  const int64_t i = vectors * V + threadIdx.x;
+  if (blockIdx.x == 0 && i < args.numel) {
     const float grad_y_f = avo::Element<T>::to_float(grad_y[i]);
     const float x_f = avo::Element<T>::to_float(x[i]);
     float grad_x_f;
@@ -134,19 +165,20 @@ __global__ void __launch_bounds__(avo::kMapThreads) backward_strided(const Backw
 }
 
 // Which backward kernel runs, chosen on the host per call:
-//   | layout of the call                                  | kernel              | grid                   |
-//   |-----------------------------------------------------|---------------------|------------------------|
-//   | dense like the output, all pointers 16-byte aligned | backward_vectorized | <= kVectorWaves waves  |
-//   | anything else (strided, broadcast, storage offset)  | backward_strided    | <= kStridedWaves waves |
+//   | layout of the call                                  | kernel              | grid                                     |
+//   |-----------------------------------------------------|---------------------|------------------------------------------|
+//   | dense like the output, all pointers 16-byte aligned | backward_vectorized | one block per U * threads vectors        |
+//   | anything else (strided, broadcast, storage offset)  | backward_strided    | one wave of resident blocks, grid-stride |
 template <typename T, typename Math>
 void launch_backward(const BackwardArgs& args, const Math& math, cudaStream_t stream) {
   if (args.numel == 0) return;
   if (args.contiguous && avo::all_aligned(args, 16)) {
     constexpr int V = 16 / sizeof(T);
-    const unsigned blocks = avo::grid_size((args.numel + V - 1) / V, avo::kMapThreads, kVectorWaves);
-    backward_vectorized<T><<<blocks, avo::kMapThreads, 0, stream>>>(args, math);
+    const int64_t per_block = int64_t(kVectorsPerThread) * avo::kMapThreads;
+    const int64_t blocks = (args.numel / V + per_block - 1) / per_block;
+    backward_vectorized<T><<<unsigned(blocks > 0 ? blocks : 1), avo::kMapThreads, 0, stream>>>(args, math);
   } else {
-    const unsigned blocks = avo::grid_size(args.numel, avo::kMapThreads, kStridedWaves);
+    const unsigned blocks = avo::resident_grid_size(backward_strided<T, Math>, args.numel, avo::kMapThreads);
     backward_strided<T><<<blocks, avo::kMapThreads, 0, stream>>>(args, math);
   }
 }

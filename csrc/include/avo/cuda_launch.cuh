@@ -44,26 +44,17 @@ bool all_aligned(const MapArgs<NumInputs, NumOutputs>& args, uintptr_t bytes) {
   return true;
 }
 
-// Multiprocessors of the current device, read once per device.
-inline int multiprocessor_count() {
-  constexpr int kMaxDevices = 64;
-  static int counts[kMaxDevices] = {};
-  int device = 0;
+// Blocks for a grid-stride loop over `work_items`: as many as the work needs, but no
+// more than one wave of blocks resident at once (read from the occupancy calculator for
+// this kernel, so register use cannot push part of the grid into a second wave).
+template <typename Kernel>
+unsigned resident_grid_size(Kernel kernel, int64_t work_items, int threads) {
+  int device = 0, multiprocessors = 1, blocks_per_multiprocessor = 1;
   cudaGetDevice(&device);
-  if (device >= kMaxDevices) device = 0;
-  if (counts[device] == 0) {
-    int count = 0;
-    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-    counts[device] = count > 0 ? count : 1;
-  }
-  return counts[device];
-}
-
-// Blocks for a grid-stride loop over `work_items`: no more blocks than the work
-// needs, and no more than `waves` full waves of resident blocks.
-inline unsigned grid_size(int64_t work_items, int threads, int waves) {
+  cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_multiprocessor, kernel, threads, 0);
   const int64_t needed = (work_items + threads - 1) / threads;
-  const int64_t resident = int64_t(multiprocessor_count()) * (2048 / threads) * waves;
+  const int64_t resident = int64_t(multiprocessors) * (blocks_per_multiprocessor > 0 ? blocks_per_multiprocessor : 1);
   const int64_t blocks = needed < resident ? needed : resident;
   return unsigned(blocks > 0 ? blocks : 1);
 }
