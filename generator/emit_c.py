@@ -8,20 +8,11 @@ from __future__ import annotations
 
 from .ir import Graph, Node, topological_order
 
-FUNCTIONS = {
-    "exp": "expf",
-    "log": "logf",
-    "sqrt": "sqrtf",
-    "rsqrt": "avo::rsqrt",
-    "tanh": "tanhf",
-    "erf": "erff",
-    "sigmoid": "avo::sigmoid",
-    "abs": "fabsf",
-    "sign": "avo::sign",
-    "min": "avo::minimum",
-    "max": "avo::maximum",
-    "pow": "powf",
-}
+# Spec functions -> members of avo::Functions<Precision> (csrc/include/avo/math.h),
+# which the generated math reaches through the alias `F`.
+FUNCTIONS = {name: f"F::{name}" for name in
+             ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "sign", "pow")}
+FUNCTIONS.update({"min": "F::minimum", "max": "F::maximum"})
 INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 # Binding strength, for the fewest parentheses that keep the meaning.
@@ -63,6 +54,11 @@ class StatementPrinter:
                 self.names[id(node)] = name
                 taken.add(name)
         self.taken = taken
+
+    def uses_functions(self) -> bool:
+        """True when the math calls any function (and so needs the alias `F`)."""
+        return any(n.op in FUNCTIONS and not (n.op == "pow" and n.args[1].is_const and n.args[1].value in SMALL_POWERS)
+                   for n in self.order)
 
     def lines(self) -> list[str]:
         out: list[str] = []

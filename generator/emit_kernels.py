@@ -70,8 +70,12 @@ def _math_struct(kernel: MapKernel, specialization: Specialization, graph) -> li
         title += f" for {specialization.description}"
     lines = [f"// {title}.", f"struct {kernel.math_struct(specialization)} {{"]
     lines += [f"  {ctype} {name};" for name, ctype in kernel.scalars]
-    lines.append(f"  AVO_HOST_DEVICE void operator()({', '.join(params)}) const {{")
-    lines += [f"    {line}" for line in printer.lines()]
+    lines += ["  // Precision: avo::Exact or avo::Fast (see avo/math.h).", "  template <typename Precision>",
+              f"  AVO_HOST_DEVICE void apply({', '.join(params)}) const {{"]
+    body = printer.lines()
+    if printer.uses_functions():
+        lines.append("    using F = avo::Functions<Precision>;")
+    lines += [f"    {line}" for line in body]
     lines += ["  }", "};", ""]
     return lines
 
@@ -94,7 +98,7 @@ def emit_math(s: OpSchedule) -> str:
 # ---------------------------------------------------------------------------------
 
 
-def _element_body(kernel: MapKernel, load, store, indent: str) -> list[str]:
+def _element_body(kernel: MapKernel, load, store, indent: str, precision: str = "avo::Exact") -> list[str]:
     """Convert inputs to float, apply the math, convert and store the outputs.
 
     load(k, name) -> C++ expression of input k's element (in T);
@@ -107,7 +111,7 @@ def _element_body(kernel: MapKernel, load, store, indent: str) -> list[str]:
         lines.append(f"const float {i.name}_f = {value};")
     lines += [f"float {o}_f;" for o in kernel.outputs]
     call_args = [f"{i.name}_f" for i in kernel.inputs] + [f"{o}_f" for o in kernel.outputs]
-    lines.append(f"math({', '.join(call_args)});")
+    lines.append(f"math.template apply<{precision}>({', '.join(call_args)});")
     lines += [store(k, o, f"avo::Element<T>::from_float({o}_f)") for k, o in enumerate(kernel.outputs)]
     return [indent + line for line in lines]
 
@@ -159,6 +163,7 @@ def _cuda_kernels(kernel: MapKernel) -> list[str]:
         f"__global__ void __launch_bounds__(avo::kMapThreads) {vec_name}(const {args_type} args, const Math math) {{",
         "  constexpr int V = 16 / sizeof(T);",
         "  constexpr int U = kVectorsPerThread;",
+        "  using P = avo::PrecisionFor<T>;",
     ]
     lines += _pointer_lines(kernel, "  ")
     lines += [
@@ -175,12 +180,12 @@ def _cuda_kernels(kernel: MapKernel) -> list[str]:
     lines += [f"    avo::Vec<T, V> {o}_v[U];" for o in kernel.outputs]
     lines += ["    AVO_UNROLL", "    for (int u = 0; u < U; ++u) {", "      AVO_UNROLL", "      for (int k = 0; k < V; ++k) {"]
     lines += _element_body(kernel, lambda k, n: f"{n}_v[u].v[k]",
-                           lambda k, n, value: f"{n}_v[u].v[k] = {value};", "        ")
+                           lambda k, n, value: f"{n}_v[u].v[k] = {value};", "        ", "P")
     lines += ["      }", "    }", "    AVO_UNROLL", "    for (int u = 0; u < U; ++u) {",
               "      const int64_t v = base + u * avo::kMapThreads;"]
     lines += [f"      if (v < vectors) avo::store_vec<V>({o} + v * V, {o}_v[u]);" for o in kernel.outputs]
     lines += ["    }", "  }", "  const int64_t i = vectors * V + threadIdx.x;", "  if (blockIdx.x == 0 && i < args.numel) {"]
-    lines += _element_body(kernel, lambda k, n: f"{n}[i]", lambda k, n, value: f"{n}[i] = {value};", "    ")
+    lines += _element_body(kernel, lambda k, n: f"{n}[i]", lambda k, n, value: f"{n}[i] = {value};", "    ", "P")
     lines += ["  }", "}", ""]
 
     lines += [
@@ -188,6 +193,7 @@ def _cuda_kernels(kernel: MapKernel) -> list[str]:
         "// their strides; outputs are dense.",
         "template <typename T, typename Math>",
         f"__global__ void __launch_bounds__(avo::kMapThreads) {strided_name}(const {args_type} args, const Math math) {{",
+        "  using P = avo::PrecisionFor<T>;",
     ]
     lines += _pointer_lines(kernel, "  ")
     lines += [
@@ -196,7 +202,7 @@ def _cuda_kernels(kernel: MapKernel) -> list[str]:
         f"    int64_t offsets[{len(kernel.inputs)}];",
         "    avo::input_offsets(args, i, offsets);",
     ]
-    lines += _element_body(kernel, lambda k, n: f"{n}[offsets[{k}]]", lambda k, n, value: f"{n}[i] = {value};", "    ")
+    lines += _element_body(kernel, lambda k, n: f"{n}[offsets[{k}]]", lambda k, n, value: f"{n}[i] = {value};", "    ", "P")
     lines += ["  }", "}", ""]
 
     lines += [

@@ -19,7 +19,7 @@ void forward_range(const ForwardArgs& args, const Math& math, int64_t begin, int
     for (int64_t i = begin; i < end; ++i) {
       const float x_f = avo::Element<T>::to_float(x[i]);
       float y_f;
-      math(x_f, y_f);
+      math.template apply<avo::Exact>(x_f, y_f);
       y[i] = avo::Element<T>::from_float(y_f);
     }
     return;
@@ -29,7 +29,7 @@ void forward_range(const ForwardArgs& args, const Math& math, int64_t begin, int
     avo::input_offsets(args, i, offsets);
     const float x_f = avo::Element<T>::to_float(x[offsets[0]]);
     float y_f;
-    math(x_f, y_f);
+    math.template apply<avo::Exact>(x_f, y_f);
     y[i] = avo::Element<T>::from_float(y_f);
   }
 }
@@ -46,7 +46,7 @@ void backward_range(const BackwardArgs& args, const Math& math, int64_t begin, i
       const float grad_y_f = avo::Element<T>::to_float(grad_y[i]);
       const float x_f = avo::Element<T>::to_float(x[i]);
       float grad_x_f;
-      math(grad_y_f, x_f, grad_x_f);
+      math.template apply<avo::Exact>(grad_y_f, x_f, grad_x_f);
       grad_x[i] = avo::Element<T>::from_float(grad_x_f);
     }
     return;
@@ -57,7 +57,7 @@ void backward_range(const BackwardArgs& args, const Math& math, int64_t begin, i
     const float grad_y_f = avo::Element<T>::to_float(grad_y[offsets[0]]);
     const float x_f = avo::Element<T>::to_float(x[offsets[1]]);
     float grad_x_f;
-    math(grad_y_f, x_f, grad_x_f);
+    math.template apply<avo::Exact>(grad_y_f, x_f, grad_x_f);
     grad_x[i] = avo::Element<T>::from_float(grad_x_f);
   }
 }

@@ -21,6 +21,7 @@ template <typename T, typename Math>
 __global__ void __launch_bounds__(avo::kMapThreads) forward_vectorized(const ForwardArgs args, const Math math) {
   constexpr int V = 16 / sizeof(T);
   constexpr int U = kVectorsPerThread;
+  using P = avo::PrecisionFor<T>;
   const T* __restrict__ x = static_cast<const T*>(args.inputs[0]);
   T* __restrict__ y = static_cast<T*>(args.outputs[0]);
   const int64_t vectors = args.numel / V;
@@ -39,7 +40,7 @@ __global__ void __launch_bounds__(avo::kMapThreads) forward_vectorized(const For
       for (int k = 0; k < V; ++k) {
         const float x_f = avo::Element<T>::to_float(x_v[u].v[k]);
         float y_f;
-        math(x_f, y_f);
+        math.template apply<P>(x_f, y_f);
         y_v[u].v[k] = avo::Element<T>::from_float(y_f);
       }
     }
@@ -53,7 +54,7 @@ __global__ void __launch_bounds__(avo::kMapThreads) forward_vectorized(const For
   if (blockIdx.x == 0 && i < args.numel) {
     const float x_f = avo::Element<T>::to_float(x[i]);
     float y_f;
-    math(x_f, y_f);
+    math.template apply<P>(x_f, y_f);
     y[i] = avo::Element<T>::from_float(y_f);
   }
 }
@@ -62,6 +63,7 @@ __global__ void __launch_bounds__(avo::kMapThreads) forward_vectorized(const For
 // their strides; outputs are dense.
 template <typename T, typename Math>
 __global__ void __launch_bounds__(avo::kMapThreads) forward_strided(const ForwardArgs args, const Math math) {
+  using P = avo::PrecisionFor<T>;
   const T* __restrict__ x = static_cast<const T*>(args.inputs[0]);
   T* __restrict__ y = static_cast<T*>(args.outputs[0]);
   const int64_t step = int64_t(gridDim.x) * blockDim.x;
@@ -70,7 +72,7 @@ __global__ void __launch_bounds__(avo::kMapThreads) forward_strided(const Forwar
     avo::input_offsets(args, i, offsets);
     const float x_f = avo::Element<T>::to_float(x[offsets[0]]);
     float y_f;
-    math(x_f, y_f);
+    math.template apply<P>(x_f, y_f);
     y[i] = avo::Element<T>::from_float(y_f);
   }
 }
@@ -103,6 +105,7 @@ template <typename T, typename Math>
 __global__ void __launch_bounds__(avo::kMapThreads) backward_vectorized(const BackwardArgs args, const Math math) {
   constexpr int V = 16 / sizeof(T);
   constexpr int U = kVectorsPerThread;
+  using P = avo::PrecisionFor<T>;
   const T* __restrict__ grad_y = static_cast<const T*>(args.inputs[0]);
   const T* __restrict__ x = static_cast<const T*>(args.inputs[1]);
   T* __restrict__ grad_x = static_cast<T*>(args.outputs[0]);
@@ -125,7 +128,7 @@ __global__ void __launch_bounds__(avo::kMapThreads) backward_vectorized(const Ba
         const float grad_y_f = avo::Element<T>::to_float(grad_y_v[u].v[k]);
         const float x_f = avo::Element<T>::to_float(x_v[u].v[k]);
         float grad_x_f;
-        math(grad_y_f, x_f, grad_x_f);
+        math.template apply<P>(grad_y_f, x_f, grad_x_f);
         grad_x_v[u].v[k] = avo::Element<T>::from_float(grad_x_f);
       }
     }
@@ -140,7 +143,7 @@ __global__ void __launch_bounds__(avo::kMapThreads) backward_vectorized(const Ba
     const float grad_y_f = avo::Element<T>::to_float(grad_y[i]);
     const float x_f = avo::Element<T>::to_float(x[i]);
     float grad_x_f;
-    math(grad_y_f, x_f, grad_x_f);
+    math.template apply<P>(grad_y_f, x_f, grad_x_f);
     grad_x[i] = avo::Element<T>::from_float(grad_x_f);
   }
 }
@@ -149,6 +152,7 @@ __global__ void __launch_bounds__(avo::kMapThreads) backward_vectorized(const Ba
 // their strides; outputs are dense.
 template <typename T, typename Math>
 __global__ void __launch_bounds__(avo::kMapThreads) backward_strided(const BackwardArgs args, const Math math) {
+  using P = avo::PrecisionFor<T>;
   const T* __restrict__ grad_y = static_cast<const T*>(args.inputs[0]);
   const T* __restrict__ x = static_cast<const T*>(args.inputs[1]);
   T* __restrict__ grad_x = static_cast<T*>(args.outputs[0]);
@@ -159,7 +163,7 @@ __global__ void __launch_bounds__(avo::kMapThreads) backward_strided(const Backw
     const float grad_y_f = avo::Element<T>::to_float(grad_y[offsets[0]]);
     const float x_f = avo::Element<T>::to_float(x[offsets[1]]);
     float grad_x_f;
-    math(grad_y_f, x_f, grad_x_f);
+    math.template apply<P>(grad_y_f, x_f, grad_x_f);
     grad_x[i] = avo::Element<T>::from_float(grad_x_f);
   }
 }

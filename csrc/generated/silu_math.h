@@ -14,15 +14,21 @@ namespace avo::ops::silu {
 
 // Forward math (y = f(x)).
 struct ForwardMath {
-  AVO_HOST_DEVICE void operator()(float x, float& y) const {
-    y = x * avo::sigmoid(x);
+  // Precision: avo::Exact or avo::Fast (see avo/math.h).
+  template <typename Precision>
+  AVO_HOST_DEVICE void apply(float x, float& y) const {
+    using F = avo::Functions<Precision>;
+    y = x * F::sigmoid(x);
   }
 };
 
 // Backward math (input gradients from output gradients).
 struct BackwardMath {
-  AVO_HOST_DEVICE void operator()(float grad_y, float x, float& grad_x) const {
-    const float t0 = avo::sigmoid(x);
+  // Precision: avo::Exact or avo::Fast (see avo/math.h).
+  template <typename Precision>
+  AVO_HOST_DEVICE void apply(float grad_y, float x, float& grad_x) const {
+    using F = avo::Functions<Precision>;
+    const float t0 = F::sigmoid(x);
     grad_x = grad_y * t0 + grad_y * x * (t0 * (1.0f - t0));
   }
 };

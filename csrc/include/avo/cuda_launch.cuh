@@ -8,6 +8,7 @@
 
 #include "dtype.h"
 #include "map_args.h"
+#include "math.h"
 
 namespace avo {
 
@@ -58,6 +59,19 @@ unsigned resident_grid_size(Kernel kernel, int64_t work_items, int threads) {
   const int64_t blocks = needed < resident ? needed : resident;
   return unsigned(blocks > 0 ? blocks : 1);
 }
+
+// The math precision of kernels on element type T: exact for float32, fast for the
+// 16-bit types whose rounding hides the difference (avo/math.h).
+template <typename T>
+struct PrecisionOf {
+  using type = Fast;
+};
+template <>
+struct PrecisionOf<float> {
+  using type = Exact;
+};
+template <typename T>
+using PrecisionFor = typename PrecisionOf<T>::type;
 
 template <typename T>
 struct TypeTag {
