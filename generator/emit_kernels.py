@@ -169,13 +169,18 @@ def _cuda_kernels(kernel: MapKernel) -> list[str]:
     lines += [
         "  const int64_t vectors = args.numel / V;",
         "  const int64_t base = int64_t(blockIdx.x) * (U * avo::kMapThreads) + threadIdx.x;",
-        "  {",
+        "  if (base < vectors) {",
     ]
-    lines += [f"    avo::Vec<T, V> {i.name}_v[U] = {{}};" for i in kernel.inputs]
-    lines += ["    AVO_UNROLL", "    for (int u = 0; u < U; ++u) {", "      const int64_t v = base + u * avo::kMapThreads;"]
+    lines += [f"    avo::Vec<T, V> {i.name}_v[U];" for i in kernel.inputs]
+    lines += ["    AVO_UNROLL", "    for (int u = 0; u < U; ++u) {",
+              "      // Clamped: a thread whose vector u lies past the end re-reads the last vector",
+              "      // (and stores nothing), so the loads need no predicate.",
+              "      const int64_t v = base + u * avo::kMapThreads < vectors ? base + u * avo::kMapThreads : vectors - 1;"]
     for i in kernel.inputs:
-        guard = f"{i.name} != nullptr && v < vectors" if i.optional else "v < vectors"
-        lines.append(f"      if ({guard}) {i.name}_v[u] = avo::load_vec<V>({i.name} + v * V);")
+        if i.optional:
+            lines.append(f"      if ({i.name} != nullptr) {i.name}_v[u] = avo::load_vec<V>({i.name} + v * V);")
+        else:
+            lines.append(f"      {i.name}_v[u] = avo::load_vec<V>({i.name} + v * V);")
     lines.append("    }")
     lines += [f"    avo::Vec<T, V> {o}_v[U];" for o in kernel.outputs]
     lines += ["    AVO_UNROLL", "    for (int u = 0; u < U; ++u) {", "      AVO_UNROLL", "      for (int k = 0; k < V; ++k) {"]

@@ -26,12 +26,14 @@ __global__ void __launch_bounds__(avo::kMapThreads) forward_vectorized(const For
   T* __restrict__ y = static_cast<T*>(args.outputs[0]);
   const int64_t vectors = args.numel / V;
   const int64_t base = int64_t(blockIdx.x) * (U * avo::kMapThreads) + threadIdx.x;
-  {
-    avo::Vec<T, V> x_v[U] = {};
+  if (base < vectors) {
+    avo::Vec<T, V> x_v[U];
     AVO_UNROLL
     for (int u = 0; u < U; ++u) {
-      const int64_t v = base + u * avo::kMapThreads;
-      if (v < vectors) x_v[u] = avo::load_vec<V>(x + v * V);
+      // Clamped: a thread whose vector u lies past the end re-reads the last vector
+      // (and stores nothing), so the loads need no predicate.
+      const int64_t v = base + u * avo::kMapThreads < vectors ? base + u * avo::kMapThreads : vectors - 1;
+      x_v[u] = avo::load_vec<V>(x + v * V);
     }
     avo::Vec<T, V> y_v[U];
     AVO_UNROLL
@@ -111,14 +113,16 @@ __global__ void __launch_bounds__(avo::kMapThreads) backward_vectorized(const Ba
   T* __restrict__ grad_x = static_cast<T*>(args.outputs[0]);
   const int64_t vectors = args.numel / V;
   const int64_t base = int64_t(blockIdx.x) * (U * avo::kMapThreads) + threadIdx.x;
-  {
-    avo::Vec<T, V> grad_y_v[U] = {};
-    avo::Vec<T, V> x_v[U] = {};
+  if (base < vectors) {
+    avo::Vec<T, V> grad_y_v[U];
+    avo::Vec<T, V> x_v[U];
     AVO_UNROLL
     for (int u = 0; u < U; ++u) {
-      const int64_t v = base + u * avo::kMapThreads;
-      if (v < vectors) grad_y_v[u] = avo::load_vec<V>(grad_y + v * V);
-      if (v < vectors) x_v[u] = avo::load_vec<V>(x + v * V);
+      // Clamped: a thread whose vector u lies past the end re-reads the last vector
+      // (and stores nothing), so the loads need no predicate.
+      const int64_t v = base + u * avo::kMapThreads < vectors ? base + u * avo::kMapThreads : vectors - 1;
+      grad_y_v[u] = avo::load_vec<V>(grad_y + v * V);
+      x_v[u] = avo::load_vec<V>(x + v * V);
     }
     avo::Vec<T, V> grad_x_v[U];
     AVO_UNROLL

@@ -18,7 +18,7 @@ struct ForwardApproximateNoneMath {
   template <typename Precision>
   AVO_HOST_DEVICE void apply(float x, float& y) const {
     using F = avo::Functions<Precision>;
-    const float cdf_exact = 0.5f * (1.0f + F::erf(x * 0.7071067811865476f));
+    const float cdf_exact = 0.5f + 0.5f * F::erf(x * 0.7071067811865476f);
     y = x * cdf_exact;
   }
 };
@@ -29,7 +29,7 @@ struct ForwardApproximateTanhMath {
   template <typename Precision>
   AVO_HOST_DEVICE void apply(float x, float& y) const {
     using F = avo::Functions<Precision>;
-    const float cdf_tanh = 0.5f * (1.0f + F::tanh(0.7978845608028654f * (x + 0.044715f * (x * x * x))));
+    const float cdf_tanh = 0.5f + 0.5f * F::tanh(0.7978845608028654f * (x + 0.044715f * (x * x * x)));
     y = x * cdf_tanh;
   }
 };
@@ -41,7 +41,7 @@ struct BackwardApproximateNoneMath {
   AVO_HOST_DEVICE void apply(float grad_y, float x, float& grad_x) const {
     using F = avo::Functions<Precision>;
     const float t0 = x * 0.7071067811865476f;
-    const float cdf_exact = 0.5f * (1.0f + F::erf(t0));
+    const float cdf_exact = 0.5f + 0.5f * F::erf(t0);
     grad_x = grad_y * cdf_exact + grad_y * x * 0.5f * (1.1283791670955126f * F::exp(-(t0 * t0))) * 0.7071067811865476f;
   }
 };
@@ -53,7 +53,7 @@ struct BackwardApproximateTanhMath {
   AVO_HOST_DEVICE void apply(float grad_y, float x, float& grad_x) const {
     using F = avo::Functions<Precision>;
     const float t0 = F::tanh(0.7978845608028654f * (x + 0.044715f * (x * x * x)));
-    const float cdf_tanh = 0.5f * (1.0f + t0);
+    const float cdf_tanh = 0.5f + 0.5f * t0;
     const float t1 = grad_y * x * 0.5f * (1.0f - t0 * t0) * 0.7978845608028654f;
     grad_x = grad_y * cdf_tanh + t1 + t1 * 0.044715f * (3.0f * (x * x));
   }
