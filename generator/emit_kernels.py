@@ -3,6 +3,8 @@
 and their dispatch table) and `<op>_cpu.cpp` (CPU kernels)."""
 from __future__ import annotations
 
+import textwrap
+
 from .emit_c import StatementPrinter, float_literal
 from .schedule import MapKernel, OpSchedule, Specialization, _camel
 
@@ -85,7 +87,7 @@ def emit_math(s: OpSchedule) -> str:
     lines = [header_comment(spec.path), "#pragma once", "", "#include <cmath>", "",
              "#include <avo/common.h>", "#include <avo/math.h>", "",
              f"namespace avo::ops::{spec.name} {{", ""]
-    lines += [f"// {spec.doc}", ""]
+    lines += [f"// {line}" for line in textwrap.wrap(spec.doc, 86)] + [""]
     for kernel in (s.forward, s.backward):
         for specialization, graph in kernel.graphs:
             lines += _math_struct(kernel, specialization, graph)
@@ -241,6 +243,21 @@ def _dispatch_table(role: str) -> list[str]:
     return [f"// Which {role} kernel runs, chosen on the host per call:", *table]
 
 
+def _entry_points(s: OpSchedule, device: str, last_param: str, types: str, call) -> list[str]:
+    """The exported `<role>_<device>` functions: pick the element type for `dtype`
+    (types: the Half, BFloat16 types of this device) and the math for the string
+    attributes, then call `call(kernel, math_init)`."""
+    lines = []
+    for kernel in (s.forward, s.backward):
+        params = launcher_params(kernel, last_param)
+        lines += [f"void {kernel.role}_{device}(avo::DType dtype, const {kernel.args_type}& args, {params}) {{",
+                  f"  avo::visit_dtype<{types}>(dtype, [&](auto tag) {{",
+                  "    using T = typename decltype(tag)::type;"]
+        lines += _dispatch_calls(kernel, lambda init: call(kernel, init), "    ")
+        lines += ["  });", "}", ""]
+    return lines
+
+
 def emit_cuda(s: OpSchedule) -> str:
     spec = s.spec
     lines = [header_comment(spec.path), f'#include "{spec.name}.h"', f'#include "{spec.name}_math.h"', "",
@@ -250,13 +267,8 @@ def emit_cuda(s: OpSchedule) -> str:
     for kernel in (s.forward, s.backward):
         lines += _cuda_kernels(kernel)
     lines += ["}  // namespace", ""]
-    for kernel in (s.forward, s.backward):
-        params = launcher_params(kernel, "cudaStream_t stream")
-        lines += [f"void {kernel.role}_cuda(avo::DType dtype, const {kernel.args_type}& args, {params}) {{",
-                  "  avo::visit_cuda_dtype(dtype, [&](auto tag) {",
-                  "    using T = typename decltype(tag)::type;"]
-        lines += _dispatch_calls(kernel, lambda init: f"launch_{kernel.role}<T>(args, {init}, stream);", "    ")
-        lines += ["  });", "}", ""]
+    lines += _entry_points(s, "cuda", "cudaStream_t stream", "__half, __nv_bfloat16",
+                           lambda kernel, init: f"launch_{kernel.role}<T>(args, {init}, stream);")
     lines += [f"}}  // namespace avo::ops::{spec.name}", ""]
     return "\n".join(lines)
 
@@ -287,16 +299,11 @@ def _cpu_kernel(kernel: MapKernel) -> list[str]:
 def emit_cpu(s: OpSchedule) -> str:
     spec = s.spec
     lines = [header_comment(spec.path), f'#include "{spec.name}.h"', f'#include "{spec.name}_math.h"', "",
-             "#include <avo/cpu_launch.h>", "", f"namespace avo::ops::{spec.name} {{", "namespace {", ""]
+             "#include <avo/dtype.h>", "#include <avo/map_args.h>", "", f"namespace avo::ops::{spec.name} {{", "namespace {", ""]
     for kernel in (s.forward, s.backward):
         lines += _cpu_kernel(kernel)
     lines += ["}  // namespace", ""]
-    for kernel in (s.forward, s.backward):
-        params = launcher_params(kernel, "int64_t begin, int64_t end")
-        lines += [f"void {kernel.role}_cpu(avo::DType dtype, const {kernel.args_type}& args, {params}) {{",
-                  "  avo::visit_host_dtype(dtype, [&](auto tag) {",
-                  "    using T = typename decltype(tag)::type;"]
-        lines += _dispatch_calls(kernel, lambda init: f"{kernel.role}_range<T>(args, {init}, begin, end);", "    ")
-        lines += ["  });", "}", ""]
+    lines += _entry_points(s, "cpu", "int64_t begin, int64_t end", "avo::Half, avo::BFloat16",
+                           lambda kernel, init: f"{kernel.role}_range<T>(args, {init}, begin, end);")
     lines += [f"}}  // namespace avo::ops::{spec.name}", ""]
     return "\n".join(lines)

@@ -194,7 +194,7 @@ void launch_backward(const BackwardArgs& args, const Math& math, cudaStream_t st
 }  // namespace
 
 void forward_cuda(avo::DType dtype, const ForwardArgs& args, Approximate approximate, cudaStream_t stream) {
-  avo::visit_cuda_dtype(dtype, [&](auto tag) {
+  avo::visit_dtype<__half, __nv_bfloat16>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     switch (approximate) {
       case Approximate::none:
@@ -208,7 +208,7 @@ void forward_cuda(avo::DType dtype, const ForwardArgs& args, Approximate approxi
 }
 
 void backward_cuda(avo::DType dtype, const BackwardArgs& args, Approximate approximate, cudaStream_t stream) {
-  avo::visit_cuda_dtype(dtype, [&](auto tag) {
+  avo::visit_dtype<__half, __nv_bfloat16>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     switch (approximate) {
       case Approximate::none:

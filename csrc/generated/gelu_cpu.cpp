@@ -4,7 +4,8 @@
 #include "gelu.h"
 #include "gelu_math.h"
 
-#include <avo/cpu_launch.h>
+#include <avo/dtype.h>
+#include <avo/map_args.h>
 
 namespace avo::ops::gelu {
 namespace {
@@ -65,7 +66,7 @@ void backward_range(const BackwardArgs& args, const Math& math, int64_t begin, i
 }  // namespace
 
 void forward_cpu(avo::DType dtype, const ForwardArgs& args, Approximate approximate, int64_t begin, int64_t end) {
-  avo::visit_host_dtype(dtype, [&](auto tag) {
+  avo::visit_dtype<avo::Half, avo::BFloat16>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     switch (approximate) {
       case Approximate::none:
@@ -79,7 +80,7 @@ void forward_cpu(avo::DType dtype, const ForwardArgs& args, Approximate approxim
 }
 
 void backward_cpu(avo::DType dtype, const BackwardArgs& args, Approximate approximate, int64_t begin, int64_t end) {
-  avo::visit_host_dtype(dtype, [&](auto tag) {
+  avo::visit_dtype<avo::Half, avo::BFloat16>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     switch (approximate) {
       case Approximate::none:

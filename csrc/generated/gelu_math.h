@@ -10,7 +10,8 @@
 
 namespace avo::ops::gelu {
 
-// Gaussian error linear unit, y = x * Phi(x) where Phi is the standard normal CDF; matches torch.nn.functional.gelu. approximate="tanh" uses the tanh approximation.
+// Gaussian error linear unit, y = x * Phi(x) where Phi is the standard normal CDF;
+// matches torch.nn.functional.gelu. approximate="tanh" uses the tanh approximation.
 
 // Forward math (y = f(x)) for approximate="none".
 struct ForwardApproximateNoneMath {

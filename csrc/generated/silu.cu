@@ -194,14 +194,14 @@ void launch_backward(const BackwardArgs& args, const Math& math, cudaStream_t st
 }  // namespace
 
 void forward_cuda(avo::DType dtype, const ForwardArgs& args, cudaStream_t stream) {
-  avo::visit_cuda_dtype(dtype, [&](auto tag) {
+  avo::visit_dtype<__half, __nv_bfloat16>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     launch_forward<T>(args, ForwardMath{}, stream);
   });
 }
 
 void backward_cuda(avo::DType dtype, const BackwardArgs& args, cudaStream_t stream) {
-  avo::visit_cuda_dtype(dtype, [&](auto tag) {
+  avo::visit_dtype<__half, __nv_bfloat16>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     launch_backward<T>(args, BackwardMath{}, stream);
   });

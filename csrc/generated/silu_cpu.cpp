@@ -4,7 +4,8 @@
 #include "silu.h"
 #include "silu_math.h"
 
-#include <avo/cpu_launch.h>
+#include <avo/dtype.h>
+#include <avo/map_args.h>
 
 namespace avo::ops::silu {
 namespace {
@@ -65,14 +66,14 @@ void backward_range(const BackwardArgs& args, const Math& math, int64_t begin, i
 }  // namespace
 
 void forward_cpu(avo::DType dtype, const ForwardArgs& args, int64_t begin, int64_t end) {
-  avo::visit_host_dtype(dtype, [&](auto tag) {
+  avo::visit_dtype<avo::Half, avo::BFloat16>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     forward_range<T>(args, ForwardMath{}, begin, end);
   });
 }
 
 void backward_cpu(avo::DType dtype, const BackwardArgs& args, int64_t begin, int64_t end) {
-  avo::visit_host_dtype(dtype, [&](auto tag) {
+  avo::visit_dtype<avo::Half, avo::BFloat16>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     backward_range<T>(args, BackwardMath{}, begin, end);
   });

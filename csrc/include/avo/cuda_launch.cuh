@@ -1,5 +1,5 @@
 // Device-side building blocks for generated CUDA kernels: 16-byte vectors, alignment
-// checks, grid sizing and the dtype -> CUDA element type mapping. CUDA headers only.
+// checks, grid sizing and the math precision per element type. CUDA headers only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -72,20 +72,5 @@ struct PrecisionOf<float> {
 };
 template <typename T>
 using PrecisionFor = typename PrecisionOf<T>::type;
-
-template <typename T>
-struct TypeTag {
-  using type = T;
-};
-
-// Calls f(TypeTag<element type>{}) for the CUDA element type of `dtype`.
-template <typename F>
-void visit_cuda_dtype(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::Float32: f(TypeTag<float>{}); break;
-    case DType::Float16: f(TypeTag<__half>{}); break;
-    case DType::BFloat16: f(TypeTag<__nv_bfloat16>{}); break;
-  }
-}
 
 }  // namespace avo

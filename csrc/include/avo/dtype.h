@@ -109,4 +109,20 @@ struct Element<__half> {
 };
 #endif
 
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls f(TypeTag<element type>{}) for `dtype`; the caller names its 16-bit element
+// types (avo::Half and avo::BFloat16 on the host, __half and __nv_bfloat16 on the GPU).
+template <typename HalfType, typename BFloat16Type, typename F>
+void visit_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::Float32: f(TypeTag<float>{}); break;
+    case DType::Float16: f(TypeTag<HalfType>{}); break;
+    case DType::BFloat16: f(TypeTag<BFloat16Type>{}); break;
+  }
+}
+
 }  // namespace avo
