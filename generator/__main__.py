@@ -17,11 +17,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="write nothing; exit 1 when a generated file is stale, missing or left over")
     parser.add_argument("--root", default=REPO_ROOT, help="repository root to write into (default: this checkout)")
     parser.add_argument("--specs", default=None, help="folder of specs (default: ROOT/specs)")
+    parser.add_argument("--namespace", default="avo", help="torch.library namespace of the ops (default: avo)")
     parser.add_argument("-q", "--quiet", action="store_true", help="print nothing when all is well")
     args = parser.parse_args(argv)
     specs_dir = args.specs or os.path.join(args.root, "specs")
     try:
-        outcome = generate(args.root, specs_dir, check=args.check)
+        outcome = generate(args.root, specs_dir, check=args.check, namespace=args.namespace)
     except SpecError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -26,7 +26,7 @@ def spec_files(specs_dir: str) -> list[str]:
     return sorted(f for f in os.listdir(specs_dir) if f.endswith(".yaml"))
 
 
-def load_schedules(root: str, specs_dir: str) -> list[OpSchedule]:
+def load_schedules(root: str, specs_dir: str, namespace: str = "avo") -> list[OpSchedule]:
     schedules = []
     seen: dict[str, str] = {}
     for file_name in spec_files(specs_dir):
@@ -37,11 +37,11 @@ def load_schedules(root: str, specs_dir: str) -> list[OpSchedule]:
         if file_name != f"{spec.name}.yaml":
             raise SpecError(spec.where, f"op '{spec.name}' must live in specs/{spec.name}.yaml")
         seen[spec.name] = shown
-        schedules.append(schedule(spec))
+        schedules.append(schedule(spec, namespace))
     return schedules
 
 
-def render(schedules: list[OpSchedule]) -> dict[str, str]:
+def render(schedules: list[OpSchedule], namespace: str = "avo") -> dict[str, str]:
     """Relative path -> file content, for every generated file."""
     files: dict[str, str] = {}
     for s in schedules:
@@ -52,7 +52,7 @@ def render(schedules: list[OpSchedule]) -> dict[str, str]:
         files[os.path.join(CPP_DIR, f"{name}_cpu.cpp")] = emit_cpu(s)
         files[os.path.join(CPP_DIR, f"{name}_binding.cpp")] = emit_binding(s)
         files[os.path.join(PY_DIR, f"{name}.py")] = emit_python(s)
-    files[os.path.join(CPP_DIR, "registration.cpp")] = emit_registration(schedules)
+    files[os.path.join(CPP_DIR, "registration.cpp")] = emit_registration(schedules, namespace)
     files[os.path.join(PY_DIR, "__init__.py")] = emit_python_index(schedules)
     return files
 
@@ -74,9 +74,10 @@ def _stale_generated(root: str, wanted: dict[str, str]) -> list[str]:
     return stale
 
 
-def generate(root: str, specs_dir: str, check: bool) -> Outcome:
-    """Write (or, with check, only compare) every generated file under `root`."""
-    files = render(load_schedules(root, specs_dir))
+def generate(root: str, specs_dir: str, check: bool, namespace: str = "avo") -> Outcome:
+    """Write (or, with check, only compare) every generated file under `root`; the ops
+    register in `namespace` (the package uses "avo"; tests build others beside it)."""
+    files = render(load_schedules(root, specs_dir, namespace), namespace)
     changed = []
     for relative, content in sorted(files.items()):
         path = os.path.join(root, relative)

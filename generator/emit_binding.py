@@ -6,7 +6,6 @@ from .emit_kernels import enum_name, header_comment
 from .model import Attr, OpSpec
 from .schedule import MapKernel, OpSchedule
 
-NAMESPACE = "avo"
 SCHEMA_TYPES = {"float": "float", "int": "int", "bool": "bool", "str": "str"}
 CPP_ARG_TYPES = {"float": "double", "int": "int64_t", "bool": "bool", "str": "c10::string_view"}
 
@@ -53,7 +52,7 @@ def _launch_args(kernel: MapKernel) -> str:
 
 
 def _impl(kernel: MapKernel, device: str) -> list[str]:
-    op = f"{NAMESPACE}::{kernel.registered_name}"
+    op = kernel.qualified_name
     lines = [f"{_return_type(kernel)} {kernel.role}_{device}_impl({_cpp_params(kernel)}) {{"]
     for a in kernel.op.attrs:
         if a.type == "str":
@@ -108,18 +107,18 @@ def emit_binding(s: OpSchedule) -> str:
     lines.append("#if defined(AVO_WITH_CUDA)")
     for kernel in kernels:
         lines += _impl(kernel, "cuda")
-    lines += ["#endif", "", "}  // namespace", "", f"TORCH_LIBRARY_IMPL({NAMESPACE}, CPU, m) {{"]
+    lines += ["#endif", "", "}  // namespace", "", f"TORCH_LIBRARY_IMPL({s.namespace}, CPU, m) {{"]
     lines += [f'  m.impl("{k.registered_name}", &{k.role}_cpu_impl);' for k in kernels]
-    lines += ["}", "", "#if defined(AVO_WITH_CUDA)", f"TORCH_LIBRARY_IMPL({NAMESPACE}, CUDA, m) {{"]
+    lines += ["}", "", "#if defined(AVO_WITH_CUDA)", f"TORCH_LIBRARY_IMPL({s.namespace}, CUDA, m) {{"]
     lines += [f'  m.impl("{k.registered_name}", &{k.role}_cuda_impl);' for k in kernels]
     lines += ["}", "#endif", "", f"}}  // namespace avo::ops::{spec.name}", ""]
     return "\n".join(lines)
 
 
-def emit_registration(schedules: list[OpSchedule]) -> str:
+def emit_registration(schedules: list[OpSchedule], namespace: str = "avo") -> str:
     lines = [header_comment("specs/*.yaml"), "#include <torch/library.h>", "",
-             "// Every schema of the avo namespace; the implementations live in <op>_binding.cpp.",
-             f"TORCH_LIBRARY({NAMESPACE}, m) {{"]
+             f"// Every schema of the {namespace} namespace; the implementations live in <op>_binding.cpp.",
+             f"TORCH_LIBRARY({namespace}, m) {{"]
     for s in schedules:
         lines.append(f"  // {s.spec.path}")
         for kernel in (s.forward, s.backward):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import textwrap
 
-from .emit_binding import NAMESPACE
 from .emit_kernels import header_comment
 from .model import Attr
 from .schedule import MapKernel, OpSchedule, _camel
@@ -33,7 +32,7 @@ def _params(kernel: MapKernel, annotate: bool) -> str:
 
 
 def _fake(kernel: MapKernel) -> list[str]:
-    op = f"{NAMESPACE}::{kernel.registered_name}"
+    op = kernel.qualified_name
     lines = [f'@torch.library.register_fake("{op}")', f"def _{kernel.registered_name}_fake({_params(kernel, False)}):"]
     for a in kernel.op.attrs:
         if a.type == "str":
@@ -45,13 +44,14 @@ def _fake(kernel: MapKernel) -> list[str]:
 
 def emit_python(s: OpSchedule) -> str:
     spec, fwd, bwd = s.spec, s.forward, s.backward
+    ns = s.namespace
     name = spec.name
     cls = f"{_camel(name)}Function"
     tensor_names = [i.name for i in spec.inputs]
     attr_names = [a.name for a in spec.attrs]
     grad_outputs = [f"grad_{o.name}" for o in spec.outputs]
-    lines = [header_comment(spec.path, "#").rstrip("\n"), f'"""The generated glue of avo::{name} (see {spec.path})."""',
-             "from __future__ import annotations", "", "import torch", "", "from .. import _runtime", "",
+    lines = [header_comment(spec.path, "#").rstrip("\n"), f'"""The generated glue of {ns}::{name} (see {spec.path})."""',
+             "from __future__ import annotations", "", "import torch", "", "from avo_ops import _runtime", "",
              f'__all__ = ["{name}", "{cls}"]', "", ""]
     lines += _fake(fwd) + _fake(bwd)
 
@@ -64,15 +64,15 @@ def emit_python(s: OpSchedule) -> str:
               f"    {', '.join(tensor_names)}{',' if len(tensor_names) == 1 else ''} = ctx.saved_tensors"]
     call_args = ", ".join(grad_outputs + tensor_names + [f"ctx.{a}" for a in attr_names])
     grads = [f"grad_{n}" for n in tensor_names]
-    lines.append(f"    {', '.join(grads)} = torch.ops.{NAMESPACE}.{bwd.registered_name}({call_args})")
+    lines.append(f"    {', '.join(grads)} = torch.ops.{ns}.{bwd.registered_name}({call_args})")
     returned = [f"_runtime.reduce_grad(grad_{n}, {n})" for n in tensor_names] + ["None"] * len(attr_names)
     lines += [f"    return {', '.join(returned)}", "", "",
-              f'torch.library.register_autograd("{NAMESPACE}::{name}", _backward, setup_context=_setup_context)', "", ""]
+              f'torch.library.register_autograd("{ns}::{name}", _backward, setup_context=_setup_context)', "", ""]
 
     lines += [f"class {cls}(torch.autograd.Function):",
-              f'    """autograd.Function of avo::{name}; `{name}()` below is its functional form."""', "",
+              f'    """autograd.Function of {ns}::{name}; `{name}()` below is its functional form."""', "",
               "    @staticmethod", f"    def forward({_params(fwd, False)}):",
-              f"        return torch.ops.{NAMESPACE}.{name}({all_inputs})", "",
+              f"        return torch.ops.{ns}.{name}({all_inputs})", "",
               "    setup_context = staticmethod(_setup_context)", "    backward = staticmethod(_backward)", "", ""]
 
     ret = "torch.Tensor" if len(spec.outputs) == 1 else "tuple[" + ", ".join(["torch.Tensor"] * len(spec.outputs)) + "]"

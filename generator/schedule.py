@@ -62,10 +62,15 @@ class MapKernel:
     outputs: tuple[str, ...]
     scalars: tuple[tuple[str, str], ...]  # (attribute, C++ type) passed by value
     graphs: tuple[tuple[Specialization, Graph], ...]
+    namespace: str  # the torch.library namespace, "avo" for the package
 
     @property
     def registered_name(self) -> str:
         return self.op.name if self.role == "forward" else f"{self.op.name}_backward"
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.namespace}::{self.registered_name}"
 
     @property
     def args_type(self) -> str:
@@ -83,6 +88,10 @@ class OpSchedule:
     forward: MapKernel
     backward: MapKernel
 
+    @property
+    def namespace(self) -> str:
+        return self.forward.namespace
+
 
 def _camel(name: str) -> str:
     return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
@@ -94,7 +103,7 @@ def specializations(spec: OpSpec) -> tuple[Specialization, ...]:
     return tuple(Specialization(tuple(combo)) for combo in combos)
 
 
-def schedule(spec: OpSpec) -> OpSchedule:
+def schedule(spec: OpSpec, namespace: str = "avo") -> OpSchedule:
     for item in (*spec.inputs, *spec.outputs):
         if item.shape != (ELLIPSIS,):
             raise SpecError(
@@ -107,9 +116,10 @@ def schedule(spec: OpSpec) -> OpSchedule:
     backward_graphs = tuple((s, lower_backward(spec, s.as_dict)) for s in variants)
     scalars = tuple((a.name, CPP_SCALAR_TYPES[a.type]) for a in spec.attrs if a.type != "str")
     inputs = tuple(KernelInput(i.name, i.optional, i.default) for i in spec.inputs)
-    forward = MapKernel(spec, "forward", inputs, tuple(o.name for o in spec.outputs), scalars, forward_graphs)
+    forward = MapKernel(spec, "forward", inputs, tuple(o.name for o in spec.outputs), scalars, forward_graphs, namespace)
     grad_inputs = tuple(KernelInput(grad_name(o.name), False, None) for o in spec.outputs)
     backward = MapKernel(
-        spec, "backward", grad_inputs + inputs, tuple(grad_name(i.name) for i in spec.inputs), scalars, backward_graphs
+        spec, "backward", grad_inputs + inputs, tuple(grad_name(i.name) for i in spec.inputs), scalars,
+        backward_graphs, namespace,
     )
     return OpSchedule(spec, "map", variants, forward, backward)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _runtime
+from avo_ops import _runtime
 
 __all__ = ["silu", "SiluFunction"]
 
