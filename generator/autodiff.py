@@ -8,7 +8,8 @@ attributes and one incoming gradient `grad_<output>` per output. The result is a
 from __future__ import annotations
 
 from .errors import SpecError
-from .ir import Graph, Node, base_env, const, lower_forward, lower_gradient_override, make, tensor, topological_order
+from .ir import (Graph, Node, base_env, colsum, const, lower_forward, lower_gradient_override, make,
+                 named_dims, reduce, shape_domain, tensor, topological_order)
 from .model import OpSpec
 
 TWO_OVER_SQRT_PI = 1.1283791670955126
@@ -74,28 +75,51 @@ def _local_gradients(node: Node, adjoint: Node) -> list[tuple[Node, Node]]:
     if op == "where":
         cond, a, b = args
         return [(a, make("where", cond, g, const(0.0))), (b, make("where", cond, const(0.0), g))]
-    if op in ("lt", "le", "gt", "ge", "eq", "ne"):
-        return []  # conditions carry no gradient
+    if op in ("lt", "le", "gt", "ge", "eq", "ne", "no_grad"):
+        return []  # conditions carry no gradient; no_grad(e) stops it on purpose
+    if op in ("rsum", "colsum"):
+        return [(args[0], g)]  # a per-row (per-column) adjoint, broadcast back over the sum
+    if op in ("rmax", "rmin"):
+        return [(args[0], make("where", make("eq", args[0], node), g, const(0.0)))]
     raise AssertionError(f"no derivative rule for {op}")
+
+
+# (domain of the value, domain of a contribution to its adjoint) -> the sum that folds
+# the contribution back onto the value's own shape.
+_FOLD = {("row", "elem"): "rsum", ("row", "col"): "rsum", ("col", "elem"): "colsum", ("col", "row"): "colsum"}
+
+
+def _reduced_to(contribution: Node, target: Node, row_dim: str | None) -> Node:
+    """A contribution to the adjoint of `target`, summed over the dimensions `target`
+    does not vary along: over N for a per-row value, over the rows for a per-column one."""
+    fold = _FOLD.get((target.domain, contribution.domain))
+    if fold == "rsum":
+        return reduce("rsum", contribution, row_dim)
+    if fold == "colsum":
+        return colsum(contribution)
+    return contribution
 
 
 def differentiate(forward: Graph) -> dict[str, Node]:
     """d(loss)/d(input) for every tensor input of `forward`'s spec."""
     spec = forward.spec
+    row_dim = next(iter(sorted(named_dims(spec))), None)
+    outputs = {o.name: o for o in spec.outputs}
     adjoints: dict[int, Node] = {}
     for output, root in forward.results.items():
-        seed = tensor(grad_name(output))
+        seed = _reduced_to(tensor(grad_name(output), shape_domain(spec, outputs[output].shape)), root, row_dim)
         adjoints[id(root)] = make("add", adjoints[id(root)], seed) if id(root) in adjoints else seed
     for node in reversed(topological_order(forward.results.values())):
         g = adjoints.get(id(node))
         if g is None or not node.args:
             continue
         for arg, contribution in _local_gradients(node, g):
-            if arg.domain != "elem":
+            if arg.domain == "scalar":
                 continue  # constants and attributes have no gradient
+            contribution = _reduced_to(contribution, arg, row_dim)
             previous = adjoints.get(id(arg))
             adjoints[id(arg)] = contribution if previous is None else make("add", previous, contribution)
-    return {i.name: adjoints.get(id(tensor(i.name)), const(0.0)) for i in spec.inputs}
+    return {i.name: adjoints.get(id(tensor(i.name, shape_domain(spec, i.shape))), const(0.0)) for i in spec.inputs}
 
 
 def lower_backward(spec: OpSpec, specialization: dict[str, str]) -> Graph:
@@ -107,7 +131,7 @@ def lower_backward(spec: OpSpec, specialization: dict[str, str]) -> Graph:
     env = base_env(spec)
     env.update(forward.bindings)
     for o in spec.outputs:
-        env[grad_name(o.name)] = tensor(grad_name(o.name))
+        env[grad_name(o.name)] = tensor(grad_name(o.name), shape_domain(spec, o.shape))
     for override in spec.grads:
         grads[override.name] = lower_gradient_override(spec, specialization, env, override)
     results = {grad_name(name): node for name, node in grads.items()}

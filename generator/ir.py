@@ -2,9 +2,14 @@
 subexpressions are the same object (common subexpressions are shared for free).
 
 Types:   'f' (a float value, computed in fp32 by the kernels) or 'b' (a boolean).
-Domain:  'scalar' (constants and attributes: the same for every element) or 'elem'
-         (varies per element). Reductions will add a per-row domain; nothing here
-         assumes there are only two.
+Domain:  where a value varies, for an op whose tensors are rows of a dimension N:
+           'scalar'  the same everywhere (constants, attributes, N itself)
+           'col'     varies along N only (parameters such as weight: [N])
+           'row'     one value per row (results of reductions over N)
+           'elem'    varies per element
+         A node's domain is the smallest one holding all its arguments' (row with col
+         gives elem); reductions over N take elem/col to row, `colsum` (a sum over all
+         rows, from gradients of parameters) takes elem/row to col.
 """
 from __future__ import annotations
 
@@ -13,10 +18,14 @@ from dataclasses import dataclass, field
 
 from .errors import Location, SpecError
 from .expr import COMPARISONS, Syntax, parse_expression
-from .model import OpSpec
+from .model import ELLIPSIS, OpSpec
 
 UNARY_FUNCTIONS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "sign")
 BINARY_FUNCTIONS = ("min", "max")
+# Reductions over a named dimension: sum(e, N), mean(e, N), max(e, N), min(e, N).
+REDUCTIONS = {"sum": "rsum", "mean": "rsum", "max": "rmax", "min": "rmin"}
+REDUCTION_OPS = ("rsum", "rmax", "rmin")
+DOMAINS = ("scalar", "col", "row", "elem")
 COMPARE_OPS = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne"}
 ARITHMETIC_OPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "**": "pow"}
 NAMED_CONSTANTS = {"pi": math.pi}
@@ -35,13 +44,14 @@ class Node:
     domain: str
 
     @classmethod
-    def make(cls, op: str, args: tuple["Node", ...] = (), value=None, type_: str = "f") -> "Node":
-        key = (op, tuple(id(a) for a in args), type(value).__name__, repr(value), type_)
+    def make(cls, op: str, args: tuple["Node", ...] = (), value=None, type_: str = "f", domain: str | None = None) -> "Node":
+        """`domain` is given for leaves (inputs); other nodes derive theirs."""
+        key = (op, tuple(id(a) for a in args), type(value).__name__, repr(value), type_, domain)
         node = cls._interned.get(key)
         if node is None:
             node = object.__new__(cls)
             node.op, node.args, node.value, node.type = op, args, value, type_
-            node.domain = "elem" if op == "input" or any(a.domain == "elem" for a in args) else "scalar"
+            node.domain = domain or _derived_domain(op, args)
             cls._interned[key] = node
         return node
 
@@ -57,6 +67,24 @@ class Node:
         return self.op == "const"
 
 
+def join_domains(*domains: str) -> str:
+    present = set(domains)
+    if "elem" in present or {"row", "col"} <= present:
+        return "elem"
+    for d in ("row", "col"):
+        if d in present:
+            return d
+    return "scalar"
+
+
+def _derived_domain(op: str, args: tuple[Node, ...]) -> str:
+    if op in REDUCTION_OPS:
+        return "row" if args[0].domain in ("elem", "col") else args[0].domain
+    if op == "colsum":
+        return "col" if args[0].domain in ("elem", "col") else "scalar"
+    return join_domains(*(a.domain for a in args))
+
+
 def const(value) -> Node:
     if isinstance(value, bool):
         return Node.make("const", value=value, type_="b")
@@ -64,8 +92,13 @@ def const(value) -> Node:
     return Node.make("const", value=0.0 if value == 0 else value)  # fold -0.0 into 0.0
 
 
-def tensor(name: str) -> Node:
-    return Node.make("input", value=name)
+def tensor(name: str, domain: str = "elem") -> Node:
+    return Node.make("input", value=name, domain=domain)
+
+
+def dim(name: str) -> Node:
+    """The length of dimension `name` (the row length N), known per call."""
+    return Node.make("dim", value=name, domain="scalar")
 
 
 def attr(name: str, type_: str) -> Node:
@@ -106,6 +139,11 @@ def _fold_unary(op: str, v: float) -> float | None:
 def make(op: str, *args: Node) -> Node:
     """Build `op(args)`, simplifying on the way (constant folding, x*1, x+0, ...)."""
     values = [_cv(a) for a in args]
+    if op in REDUCTION_OPS:
+        raise AssertionError("build reductions with reduce()")
+    if op == "no_grad":
+        (a,) = args
+        return a if a.domain == "scalar" or a.op == "no_grad" else Node.make(op, args)
     if op == "where":
         cond, a, b = args
         if cond.is_const:
@@ -176,6 +214,19 @@ def make(op: str, *args: Node) -> Node:
     return Node.make(op, args)
 
 
+def reduce(op: str, arg: Node, dimension: str) -> Node:
+    """A reduction over `dimension` (rsum, rmax, rmin) of `arg`; per-row values pass
+    through max/min unchanged and are multiplied by the length in a sum."""
+    if arg.domain in ("scalar", "row"):
+        return make("mul", arg, dim(dimension)) if op == "rsum" else arg
+    return Node.make(op, (arg,), value=dimension)
+
+
+def colsum(arg: Node) -> Node:
+    """The sum over all rows of `arg` (gradients of per-column parameters)."""
+    return Node.make("colsum", (arg,))
+
+
 def _power(base: Node, exponent: Node) -> Node:
     """x**0.5 and x**-0.5 become roots; other constant powers stay `pow` and the
     printer writes small integer ones as products (exact, and faster than powf)."""
@@ -239,6 +290,7 @@ class _Lowering:
         self.specialization = specialization
         self.env = env
         self.string_attrs = {a.name: a for a in spec.attrs if a.type == "str"}
+        self.dims = named_dims(spec)
 
     def lower(self, tree: Syntax, where: Location, context: str) -> Node:
         self.where, self.context = where, context
@@ -292,6 +344,17 @@ class _Lowering:
 
     def call(self, t: Syntax) -> Node:
         name, args = t.value, t.args
+        if name in REDUCTIONS and len(args) == 2 and args[1].kind == "name" and args[1].value in self.dims:
+            reduced = reduce(REDUCTIONS[name], self.number(args[0]), args[1].value)
+            return make("div", reduced, dim(args[1].value)) if name == "mean" else reduced
+        if name in ("sum", "mean") or (name in REDUCTIONS and len(args) == 2 and args[1].kind == "name"
+                                       and args[1].value not in self.env and args[1].value not in NAMED_CONSTANTS):
+            dims = ", ".join(sorted(self.dims)) or "none"
+            self.fail(t, f"{name}() reduces over a dimension of the inputs' shapes, e.g. {name}(x, N) "
+                         f"(this op's named dimensions: {dims})")
+        if name == "no_grad":
+            self.arity(t, 1)
+            return make("no_grad", self.number(args[0]))
         if name in UNARY_FUNCTIONS:
             self.arity(t, 1)
             return make(name, self.number(args[0]))
@@ -304,7 +367,7 @@ class _Lowering:
             if cond.type != "b":
                 self.fail(args[0], "the first argument of where() must be a condition such as x > 0")
             return make("where", cond, self.number(args[1]), self.number(args[2]))
-        known = ", ".join((*UNARY_FUNCTIONS, *BINARY_FUNCTIONS, "where"))
+        known = ", ".join((*UNARY_FUNCTIONS, *BINARY_FUNCTIONS, "where", "sum", "mean", "no_grad"))
         self.fail(t, f"unknown function '{name}' (known: {known})")
 
     def arity(self, t: Syntax, n: int) -> None:
@@ -312,8 +375,20 @@ class _Lowering:
             self.fail(t, f"{t.value}() takes {n} argument{'s' if n > 1 else ''}, got {len(t.args)}")
 
 
+def named_dims(spec: OpSpec) -> set[str]:
+    return {d for item in (*spec.inputs, *spec.outputs) for d in item.shape if d != ELLIPSIS}
+
+
+def shape_domain(spec: OpSpec, shape: tuple[str, ...]) -> str:
+    """[...] is per element in an elementwise op; with a named dimension N, [..., N] is
+    per element, [N] per column and [...] per row."""
+    if not named_dims(spec) or len(shape) == 2:
+        return "elem"
+    return "row" if shape == (ELLIPSIS,) else "col"
+
+
 def base_env(spec: OpSpec) -> dict[str, Node]:
-    env: dict[str, Node] = {i.name: tensor(i.name) for i in spec.inputs}
+    env: dict[str, Node] = {i.name: tensor(i.name, shape_domain(spec, i.shape)) for i in spec.inputs}
     for a in spec.attrs:
         if a.type != "str":
             env[a.name] = attr(a.name, "b" if a.type == "bool" else "f")
