@@ -54,6 +54,53 @@ def map_fake(op: str, inputs: Mapping[str, torch.Tensor | None], num_outputs: in
     return outputs[0] if num_outputs == 1 else outputs
 
 
+def _check_same(op: str, present: list[tuple[str, torch.Tensor]]) -> None:
+    first_name, first = present[0]
+    for name, t in present:
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(
+                f"{op}: argument '{name}' has dtype {_dtype_name(t.dtype)}; "
+                "supported dtypes are float32, float16 and bfloat16"
+            )
+        if t.dtype != first.dtype:
+            raise TypeError(
+                f"{op}: argument '{name}' has dtype {_dtype_name(t.dtype)} but '{first_name}' has dtype "
+                f"{_dtype_name(first.dtype)}; all tensor arguments must share one dtype"
+            )
+        if t.device != first.device:
+            raise RuntimeError(
+                f"{op}: argument '{name}' is on {t.device} but '{first_name}' is on {first.device}; "
+                "all tensor arguments must be on one device"
+            )
+
+
+def row_fake(op: str, inputs: Mapping[str, tuple[torch.Tensor | None, str]], outputs: Sequence[tuple[str, bool]]):
+    """Outputs of a row op (reductions over the last dimension N): per element like the
+    first per-element input, per row without its last dimension, per column [N]; an
+    output nobody asked for (the gradient of a missing input) is empty."""
+    present = [(name, t) for name, (t, _) in inputs.items() if t is not None]
+    _check_same(op, present)
+    ref_name, ref = next((name, t) for name, (t, domain) in inputs.items() if t is not None and domain == "elem")
+    if ref.dim() < 1:
+        raise RuntimeError(f"{op}: argument '{ref_name}' must have at least one dimension")
+    length = ref.shape[-1]
+    for name, (t, domain) in inputs.items():
+        if t is None:
+            continue
+        if domain == "elem" and t.shape != ref.shape:
+            raise RuntimeError(f"{op}: argument '{name}' has shape {list(t.shape)} but '{ref_name}' has shape "
+                               f"{list(ref.shape)}; they must match")
+        if domain == "col" and (t.dim() != 1 or t.shape[0] != length):
+            raise RuntimeError(f"{op}: argument '{name}' must have shape [{length}] (the last dimension of "
+                               f"'{ref_name}'), got {list(t.shape)}")
+        if domain == "row" and t.shape != ref.shape[:-1]:
+            raise RuntimeError(f"{op}: argument '{name}' must have the shape of '{ref_name}' without its last "
+                               f"dimension, got {list(t.shape)}")
+    shapes = {"elem": ref.shape, "row": ref.shape[:-1], "col": (length,)}
+    result = tuple(ref.new_empty(shapes[domain] if wanted else (0,)) for domain, wanted in outputs)
+    return result[0] if len(result) == 1 else result
+
+
 def reduce_grad(grad: torch.Tensor, like: torch.Tensor | None) -> torch.Tensor | None:
     """The gradient of an input that was broadcast: summed back to the input's shape."""
     if like is None:

@@ -10,6 +10,8 @@
 
 #include <array>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <avo/dtype.h>
@@ -180,13 +182,19 @@ void parallel_over_elements(int64_t numel, const F& chunk) {
   at::parallel_for(0, numel, kGrain, chunk);
 }
 
-// The outputs as the op returns them.
-inline at::Tensor returned(std::array<at::Tensor, 1>& outputs) { return outputs[0]; }
-inline std::tuple<at::Tensor, at::Tensor> returned(std::array<at::Tensor, 2>& outputs) {
-  return {outputs[0], outputs[1]};
+// The outputs as the op returns them: one tensor, or a tuple of them.
+template <size_t... I, size_t N>
+std::tuple<decltype(I, at::Tensor())...> outputs_as_tuple(std::array<at::Tensor, N>& outputs, std::index_sequence<I...>) {
+  return {outputs[I]...};
 }
-inline std::tuple<at::Tensor, at::Tensor, at::Tensor> returned(std::array<at::Tensor, 3>& outputs) {
-  return {outputs[0], outputs[1], outputs[2]};
+
+template <size_t N>
+auto returned(std::array<at::Tensor, N>& outputs) {
+  if constexpr (N == 1) {
+    return outputs[0];
+  } else {
+    return outputs_as_tuple(outputs, std::make_index_sequence<N>{});
+  }
 }
 
 }  // namespace avo::binding

@@ -126,3 +126,74 @@ def emit_registration(schedules: list[OpSchedule], namespace: str = "avo") -> st
             lines.append(f'  m.def("{text}", {{at::Tag::pt2_compliant_tag}});')
     lines += ["}", ""]
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------
+# Row ops
+# ---------------------------------------------------------------------------------
+
+DOMAIN_ENUM = {"elem": "avo::binding::Domain::Elem", "col": "avo::binding::Domain::Col",
+               "row": "avo::binding::Domain::Row"}
+
+
+def _row_impl(kernel, device: str, spec_inputs) -> list[str]:
+    op = kernel.qualified_name
+    lines = [f"{_return_type(kernel)} {kernel.role}_{device}_impl({_cpp_params(kernel)}) {{"]
+    for a in kernel.op.attrs:
+        if a.type == "str":
+            lines.append(f'  const {enum_name(a.name)} {a.name}_choice = parse_{a.name}("{op}", {a.name});')
+    named = ", ".join(
+        (f'{{"{i.name}", {i.name}.has_value() ? &*{i.name} : nullptr, {DOMAIN_ENUM[i.domain]}}}' if i.optional
+         else f'{{"{i.name}", &{i.name}, {DOMAIN_ENUM[i.domain]}}}') for i in kernel.inputs)
+    domains = ", ".join(DOMAIN_ENUM[o.domain] for o in kernel.outputs)
+    if kernel.role == "forward":
+        wanted = ", ".join("true" for _ in kernel.outputs)
+    else:  # the gradient of a missing optional input is not computed
+        wanted = ", ".join(f"{i.name}.has_value()" if i.optional else "true" for i in spec_inputs)
+    n_in, n_out = len(kernel.inputs), len(kernel.outputs)
+    lines.append(f'  auto call = avo::binding::prepare_rows<{n_in}, {n_out}>("{op}", {{{{{named}}}}}, {{{{{domains}}}}}, '
+                 f"{{{{{wanted}}}}}, kColumnSums, kSavedPerRow);")
+    extra = _launch_args(kernel)
+    extra = f", {extra}" if extra else ""
+    lines.append("  const auto& args = call.args;")
+    if device == "cpu":
+        lines += ["  if (args.rows > 0) {",
+                  "    at::parallel_for(0, args.rows, avo::binding::row_grain(args.length), [&](int64_t begin, int64_t end) {",
+                  f"      {kernel.role}_cpu(call.dtype, args{extra}, begin, end);", "    });"]
+        if kernel.role == "backward":
+            lines += ["    if (args.partials != nullptr) {",
+                      "      at::parallel_for(0, args.chunks, 1, [&](int64_t begin, int64_t end) {",
+                      f"        backward_columns_cpu(call.dtype, args{extra}, begin, end);", "      });",
+                      "      at::parallel_for(0, args.length, 256, [&](int64_t begin, int64_t end) {",
+                      "        backward_columns_finish_cpu(call.dtype, args, begin, end);", "      });", "    }"]
+        lines.append("  }")
+    else:
+        lines += ["  const c10::cuda::CUDAGuard device_guard(call.device);",
+                  f"  {kernel.role}_cuda(call.dtype, args{extra}, c10::cuda::getCurrentCUDAStream());",
+                  "  C10_CUDA_KERNEL_LAUNCH_CHECK();"]
+    lines += ["  return avo::binding::returned(call.outputs);", "}", ""]
+    return lines
+
+
+def emit_row_binding(s: OpSchedule) -> str:
+    spec = s.spec
+    kernels = (s.forward, s.backward)
+    lines = [header_comment(spec.path), "#include <torch/library.h>", "", "#include <optional>", "#include <string>", "",
+             '#include "row_binding.h"', f'#include "{spec.name}.h"', "",
+             "#if defined(AVO_WITH_CUDA)", "#include <c10/cuda/CUDAException.h>", "#include <c10/cuda/CUDAGuard.h>",
+             "#include <c10/cuda/CUDAStream.h>", "#endif", "",
+             f"namespace avo::ops::{spec.name} {{", "namespace {", ""]
+    for a in spec.attrs:
+        if a.type == "str":
+            lines += _parser(a)
+    for kernel in kernels:
+        lines += _row_impl(kernel, "cpu", s.forward.inputs)
+    lines.append("#if defined(AVO_WITH_CUDA)")
+    for kernel in kernels:
+        lines += _row_impl(kernel, "cuda", s.forward.inputs)
+    lines += ["#endif", "", "}  // namespace", "", f"TORCH_LIBRARY_IMPL({s.namespace}, CPU, m) {{"]
+    lines += [f'  m.impl("{k.registered_name}", &{k.role}_cpu_impl);' for k in kernels]
+    lines += ["}", "", "#if defined(AVO_WITH_CUDA)", f"TORCH_LIBRARY_IMPL({s.namespace}, CUDA, m) {{"]
+    lines += [f'  m.impl("{k.registered_name}", &{k.role}_cuda_impl);' for k in kernels]
+    lines += ["}", "#endif", "", f"}}  // namespace avo::ops::{spec.name}", ""]
+    return "\n".join(lines)

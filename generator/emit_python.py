@@ -37,6 +37,15 @@ def _fake(kernel: MapKernel) -> list[str]:
     for a in kernel.op.attrs:
         if a.type == "str":
             lines.append(f'    _runtime.check_choice("{op}", "{a.name}", {a.name}, {a.choices!r})')
+    if hasattr(kernel.outputs[0], "domain"):  # a row op
+        named = ", ".join(f'"{i.name}": ({i.name}, "{i.domain}")' for i in kernel.inputs)
+        if kernel.role == "forward":
+            outputs = ", ".join(f'("{o.domain}", True)' for o in kernel.outputs)
+        else:  # no gradient for a missing optional input
+            outputs = ", ".join(f'("{o.domain}", {i.name} is not None)' if i.optional else f'("{o.domain}", True)'
+                                for o, i in zip(kernel.outputs, kernel.op.inputs))
+        lines += [f'    return _runtime.row_fake("{op}", {{{named}}}, [{outputs}])', "", ""]
+        return lines
     named = ", ".join(f'"{i.name}": {i.name}' for i in kernel.inputs)
     lines += [f'    return _runtime.map_fake("{op}", {{{named}}}, {len(kernel.outputs)})', "", ""]
     return lines

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from .autodiff import grad_name, lower_backward
 from .errors import SpecError
-from .ir import Graph, lower_forward
+from .ir import Graph, lower_forward, named_dims, shape_domain
 from .model import ELLIPSIS, OpSpec
 
 CPP_SCALAR_TYPES = {"float": "float", "int": "int64_t", "bool": "bool"}
@@ -30,6 +30,13 @@ class KernelInput:
     name: str
     optional: bool
     default: float | None
+    domain: str = "elem"  # elem, col or row (see ir.py)
+
+
+@dataclass(frozen=True)
+class KernelOutput:
+    name: str
+    domain: str
 
 
 @dataclass(frozen=True)
@@ -81,12 +88,39 @@ class MapKernel:
 
 
 @dataclass(frozen=True)
+class RowKernel:
+    """One kernel of the row pattern: rows of the last dimension N, reductions over N,
+    then per-element, per-row and (backward) per-column outputs."""
+
+    op: OpSpec
+    role: str
+    inputs: tuple[KernelInput, ...]
+    outputs: tuple[KernelOutput, ...]
+    scalars: tuple[tuple[str, str], ...]
+    graphs: tuple[tuple[Specialization, Graph], ...]
+    namespace: str
+
+    registered_name = MapKernel.registered_name
+    qualified_name = MapKernel.qualified_name
+    args_type = MapKernel.args_type
+    math_struct = MapKernel.math_struct
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.outputs)
+
+    @property
+    def column_outputs(self) -> tuple[int, ...]:
+        return tuple(k for k, o in enumerate(self.outputs) if o.domain == "col")
+
+
+@dataclass(frozen=True)
 class OpSchedule:
     spec: OpSpec
     pattern: str
     specializations: tuple[Specialization, ...]
-    forward: MapKernel
-    backward: MapKernel
+    forward: "MapKernel | RowKernel"
+    backward: "MapKernel | RowKernel"
 
     @property
     def namespace(self) -> str:
@@ -103,15 +137,34 @@ def specializations(spec: OpSpec) -> tuple[Specialization, ...]:
     return tuple(Specialization(tuple(combo)) for combo in combos)
 
 
-def schedule(spec: OpSpec, namespace: str = "avo") -> OpSchedule:
+def _row_dimension(spec: OpSpec) -> str | None:
+    """The dimension N a row op reduces over, after checking every shape fits the row
+    pattern: [..., N] per element, [N] per column, [...] per row."""
+    dims = sorted(named_dims(spec))
+    if not dims:
+        return None
+    first = next(item for item in (*spec.inputs, *spec.outputs) if any(d != ELLIPSIS for d in item.shape))
+    if len(dims) > 1:
+        raise SpecError(first.where, f"an op reduces over one named dimension for now, this one names {', '.join(dims)}")
+    n = dims[0]
+    allowed = {(ELLIPSIS, n), (n,), (ELLIPSIS,)}
     for item in (*spec.inputs, *spec.outputs):
-        if item.shape != (ELLIPSIS,):
-            raise SpecError(
-                item.where,
-                f"'{item.name}' has shape {list(item.shape)}: elementwise ops take [...] in language v1; "
-                "named dimensions come with reductions",
-            )
+        if item.shape not in allowed:
+            raise SpecError(item.where, f"'{item.name}' has shape {list(item.shape)}; a row op takes [..., {n}] "
+                                        f"(per element), [{n}] (per column) or [...] (per row)")
+    for o in spec.outputs:
+        if o.shape == (n,):
+            raise SpecError(o.where, f"output '{o.name}' is per column; outputs are [..., {n}] or [...]")
+    if not any(i.shape == (ELLIPSIS, n) for i in spec.inputs):
+        raise SpecError(spec.inputs[0].where, f"a row op needs an input of shape [..., {n}]")
+    return n
+
+
+def schedule(spec: OpSpec, namespace: str = "avo") -> OpSchedule:
+    row_dim = _row_dimension(spec)
     variants = specializations(spec)
+    if row_dim is not None:
+        return _schedule_rows(spec, namespace, variants)
     forward_graphs = tuple((s, lower_forward(spec, s.as_dict)) for s in variants)
     backward_graphs = tuple((s, lower_backward(spec, s.as_dict)) for s in variants)
     scalars = tuple((a.name, CPP_SCALAR_TYPES[a.type]) for a in spec.attrs if a.type != "str")
@@ -123,3 +176,21 @@ def schedule(spec: OpSpec, namespace: str = "avo") -> OpSchedule:
         backward_graphs, namespace,
     )
     return OpSchedule(spec, "map", variants, forward, backward)
+
+
+def _schedule_rows(spec: OpSpec, namespace: str, variants) -> OpSchedule:
+    forward_graphs = tuple((s, lower_forward(spec, s.as_dict)) for s in variants)
+    for _, graph in forward_graphs:
+        for o in spec.outputs:
+            if shape_domain(spec, o.shape) == "row" and graph.results[o.name].domain not in ("row", "scalar"):
+                raise SpecError(o.where, f"output '{o.name}' has shape [...] (one value per row) but its math "
+                                         "varies along the reduced dimension; reduce it or give it that dimension")
+    backward_graphs = tuple((s, lower_backward(spec, s.as_dict)) for s in variants)
+    scalars = tuple((a.name, CPP_SCALAR_TYPES[a.type]) for a in spec.attrs if a.type != "str")
+    inputs = tuple(KernelInput(i.name, i.optional, i.default, shape_domain(spec, i.shape)) for i in spec.inputs)
+    outputs = tuple(KernelOutput(o.name, shape_domain(spec, o.shape)) for o in spec.outputs)
+    forward = RowKernel(spec, "forward", inputs, outputs, scalars, forward_graphs, namespace)
+    grad_inputs = tuple(KernelInput(grad_name(o.name), False, None, o.domain) for o in outputs)
+    grad_outputs = tuple(KernelOutput(grad_name(i.name), i.domain) for i in inputs)
+    backward = RowKernel(spec, "backward", grad_inputs + inputs, grad_outputs, scalars, backward_graphs, namespace)
+    return OpSchedule(spec, "row", variants, forward, backward)

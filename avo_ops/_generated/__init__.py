@@ -3,10 +3,17 @@
 """The generated ops, one module each."""
 from __future__ import annotations
 
+from .add_layernorm import AddLayernormFunction, add_layernorm
+from .add_rmsnorm import AddRmsnormFunction, add_rmsnorm
 from .gelu import GeluFunction, gelu
+from .layernorm import LayernormFunction, layernorm
+from .log_softmax import LogSoftmaxFunction, log_softmax
+from .rmsnorm import RmsnormFunction, rmsnorm
 from .silu import SiluFunction, silu
+from .softmax import SoftmaxFunction, softmax
+from .swish_layernorm import SwishLayernormFunction, swish_layernorm
 
 # Every op: its name in torch.ops.avo and its spec.
-OPS = {"gelu": "specs/gelu.yaml", "silu": "specs/silu.yaml"}
+OPS = {"add_layernorm": "specs/add_layernorm.yaml", "add_rmsnorm": "specs/add_rmsnorm.yaml", "gelu": "specs/gelu.yaml", "layernorm": "specs/layernorm.yaml", "log_softmax": "specs/log_softmax.yaml", "rmsnorm": "specs/rmsnorm.yaml", "silu": "specs/silu.yaml", "softmax": "specs/softmax.yaml", "swish_layernorm": "specs/swish_layernorm.yaml"}
 
-__all__ = ["OPS", "gelu", "GeluFunction", "silu", "SiluFunction"]
+__all__ = ["OPS", "add_layernorm", "AddLayernormFunction", "add_rmsnorm", "AddRmsnormFunction", "gelu", "GeluFunction", "layernorm", "LayernormFunction", "log_softmax", "LogSoftmaxFunction", "rmsnorm", "RmsnormFunction", "silu", "SiluFunction", "softmax", "SoftmaxFunction", "swish_layernorm", "SwishLayernormFunction"]

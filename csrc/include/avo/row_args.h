@@ -1,0 +1,64 @@
+// Arguments of a "row" kernel (a reduction over the last dimension, then a map): the
+// tensors seen as rows of `length` elements, and the views the generated math reads
+// them through. No torch headers (DESIGN.md).
+#pragma once
+
+#include <cstdint>
+
+#include "common.h"
+#include "dtype.h"
+
+namespace avo {
+
+template <int NumInputs, int NumOutputs>
+struct RowArgs {
+  static constexpr int kInputs = NumInputs;
+  static constexpr int kOutputs = NumOutputs;
+  // Per-element tensors are dense [rows, length]; per-column ones [length]; per-row ones
+  // [rows]. A missing optional input is nullptr; so is an output nobody asked for.
+  const void* inputs[NumInputs];
+  void* outputs[NumOutputs];
+  int64_t rows;
+  int64_t length;
+  // Backward only: per-row values the column pass reads ([rows, saved_per_row]), and the
+  // column pass's fp32 partial sums ([column sums, chunks, length]) over `chunks` groups
+  // of `rows_per_chunk` rows; summed in a fixed order, so the result is deterministic.
+  float* saved;
+  int saved_per_row;
+  float* partials;
+  int64_t chunks;
+  int64_t rows_per_chunk;
+};
+
+// Reads and writes of one row `r`, for the generated math. Loads return float.
+template <typename T, typename Args>
+struct RowView {
+  const Args& args;
+  int64_t r;
+
+  AVO_HOST_DEVICE RowView(const Args& a, int64_t row) : args(a), r(row) {}
+
+  AVO_HOST_DEVICE int64_t length() const { return args.length; }
+
+  // Element n of per-element input k.
+  AVO_HOST_DEVICE float load(int k, int64_t n) const {
+    return Element<T>::to_float(static_cast<const T*>(args.inputs[k])[r * args.length + n]);
+  }
+  // Element n of per-column input k, or `missing` when the optional input is absent.
+  AVO_HOST_DEVICE float load_col(int k, int64_t n, float missing) const {
+    const T* p = static_cast<const T*>(args.inputs[k]);
+    return p != nullptr ? Element<T>::to_float(p[n]) : missing;
+  }
+  // The value of per-row input k for this row, or `missing` when absent.
+  AVO_HOST_DEVICE float load_row(int k, float missing) const {
+    const T* p = static_cast<const T*>(args.inputs[k]);
+    return p != nullptr ? Element<T>::to_float(p[r]) : missing;
+  }
+  AVO_HOST_DEVICE void store(int k, int64_t n, float value) const {
+    static_cast<T*>(args.outputs[k])[r * args.length + n] = Element<T>::from_float(value);
+  }
+  // Saved per-row value j (written by the row pass, read by the column pass).
+  AVO_HOST_DEVICE float saved(int j) const { return args.saved[r * args.saved_per_row + j]; }
+};
+
+}  // namespace avo

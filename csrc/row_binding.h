@@ -1,0 +1,135 @@
+// Binding-layer helpers shared by every generated row op (reductions over the last
+// dimension): argument checks naming the op and the argument, contiguous inputs,
+// outputs, the column pass's workspace, and the translation into avo::RowArgs.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/Exception.h>
+
+#include <array>
+#include <vector>
+
+#include <avo/row_args.h>
+
+#include "map_binding.h"
+
+namespace avo::binding {
+
+// Where a tensor of a row op varies: per element [..., N], per column [N], per row [...].
+enum class Domain { Elem, Col, Row };
+
+struct RowInput {
+  const char* name;
+  const at::Tensor* tensor;  // nullptr for a missing optional argument
+  Domain domain;
+};
+
+template <int NumInputs, int NumOutputs>
+struct RowCall {
+  RowArgs<NumInputs, NumOutputs> args{};
+  std::array<at::Tensor, NumOutputs> outputs;
+  std::array<at::Tensor, NumInputs> inputs;  // contiguous versions of the arguments
+  at::Tensor saved, partials;                // workspace of the backward's column pass
+  DType dtype = DType::Float32;
+  at::Device device = at::kCPU;
+};
+
+// Rows per chunk of the column pass: at most kMaxChunks chunks, fixed by the row count
+// alone, so that the summation order (and the result) does not depend on the machine.
+constexpr int64_t kMaxChunks = 256;
+
+template <int NumInputs, int NumOutputs>
+RowCall<NumInputs, NumOutputs> prepare_rows(const char* op, const std::array<RowInput, NumInputs>& inputs,
+                                            const std::array<Domain, NumOutputs>& output_domains,
+                                            const std::array<bool, NumOutputs>& wanted, int column_sums,
+                                            int saved_per_row) {
+  RowCall<NumInputs, NumOutputs> call;
+  const RowInput* first = nullptr;
+  const RowInput* reference = nullptr;  // the first per-element input: it defines rows and N
+  for (const RowInput& in : inputs) {
+    if (in.tensor == nullptr) continue;
+    const DType dtype = to_avo_dtype(op, in.name, in.tensor->scalar_type());
+    if (first == nullptr) {
+      first = &in;
+      call.dtype = dtype;
+      call.device = in.tensor->device();
+    }
+    TORCH_CHECK_TYPE(in.tensor->scalar_type() == first->tensor->scalar_type(), op, ": argument '", in.name,
+                     "' has dtype ", dtype_name(in.tensor->scalar_type()), " but '", first->name, "' has dtype ",
+                     dtype_name(first->tensor->scalar_type()), "; all tensor arguments must share one dtype");
+    TORCH_CHECK(in.tensor->device() == first->tensor->device(), op, ": argument '", in.name, "' is on ",
+                in.tensor->device(), " but '", first->name, "' is on ", first->tensor->device(),
+                "; all tensor arguments must be on one device");
+    if (reference == nullptr && in.domain == Domain::Elem) reference = &in;
+  }
+  TORCH_INTERNAL_ASSERT(reference != nullptr);
+  const at::Tensor& x = *reference->tensor;
+  TORCH_CHECK(x.dim() >= 1, op, ": argument '", reference->name, "' must have at least one dimension");
+  const int64_t length = x.size(-1);
+  const auto lead = x.sizes().slice(0, x.dim() - 1);
+  for (int k = 0; k < NumInputs; ++k) {
+    const RowInput& in = inputs[k];
+    if (in.tensor == nullptr) continue;
+    const at::Tensor& t = *in.tensor;
+    if (in.domain == Domain::Elem) {
+      TORCH_CHECK(t.sizes() == x.sizes(), op, ": argument '", in.name, "' has shape ", shape_text(t), " but '",
+                  reference->name, "' has shape ", shape_text(x), "; they must match");
+    } else if (in.domain == Domain::Col) {
+      TORCH_CHECK(t.dim() == 1 && t.size(0) == length, op, ": argument '", in.name, "' must have shape [",
+                  length, "] (the last dimension of '", reference->name, "'), got ", shape_text(t));
+    } else {
+      TORCH_CHECK(t.sizes() == lead, op, ": argument '", in.name, "' must have the shape of '", reference->name,
+                  "' without its last dimension, got ", shape_text(t));
+    }
+    call.inputs[k] = t.contiguous();  // a copy only when the argument is not dense already
+    call.args.inputs[k] = call.inputs[k].data_ptr();
+  }
+  const auto options = x.options();
+  for (int k = 0; k < NumOutputs; ++k) {
+    if (!wanted[k]) {
+      call.outputs[k] = at::empty({0}, options);
+      call.args.outputs[k] = nullptr;
+      continue;
+    }
+    if (output_domains[k] == Domain::Elem) call.outputs[k] = at::empty(x.sizes(), options);
+    if (output_domains[k] == Domain::Row) call.outputs[k] = at::empty(lead, options);
+    if (output_domains[k] == Domain::Col) call.outputs[k] = at::empty({length}, options);
+    call.args.outputs[k] = call.outputs[k].data_ptr();
+  }
+  int64_t rows = 1;
+  for (int64_t s : lead) rows *= s;
+  call.args.rows = rows;
+  call.args.length = length;
+
+  bool column_outputs = false;
+  for (int k = 0; k < NumOutputs; ++k) column_outputs |= wanted[k] && output_domains[k] == Domain::Col;
+  if (column_outputs && rows == 0) {  // nothing to sum: the gradients are zero
+    for (int k = 0; k < NumOutputs; ++k)
+      if (wanted[k] && output_domains[k] == Domain::Col) call.outputs[k].zero_();
+  }
+  if (column_outputs && rows > 0 && column_sums > 0) {
+    const int64_t per_chunk = (rows + kMaxChunks - 1) / kMaxChunks;
+    call.args.rows_per_chunk = per_chunk;
+    call.args.chunks = (rows + per_chunk - 1) / per_chunk;
+    const auto fp32 = options.dtype(at::kFloat);
+    call.partials = at::empty({column_sums, call.args.chunks, length}, fp32);
+    call.args.partials = static_cast<float*>(call.partials.data_ptr());
+    if (saved_per_row > 0) {
+      call.saved = at::empty({rows, saved_per_row}, fp32);
+      call.args.saved = static_cast<float*>(call.saved.data_ptr());
+      call.args.saved_per_row = saved_per_row;
+    }
+  }
+  return call;
+}
+
+// Rows per CPU task: about kGrainElements elements of work each.
+inline int64_t row_grain(int64_t length) {
+  constexpr int64_t kGrainElements = 32768;
+  return length > 0 ? (kGrainElements + length - 1) / length : kGrainElements;
+}
+
+}  // namespace avo::binding

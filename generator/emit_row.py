@@ -1,0 +1,501 @@
+"""Emit the kernels of the **row** pattern: per row, reductions over the last dimension
+N (one pass over the row per level of nested reductions), then the elementwise outputs;
+for a backward, also per-column sums (gradients of [N]-shaped parameters) in a
+deterministic two-stage column pass.
+
+The math of a row op is one function, `apply(row)`, written against a row object that
+provides loads, stores, `row.sum(term)`, `row.max(term)`, `row.for_each(body)`: the CPU
+(avo/row_cpu.h) and the GPU (avo/row_cuda.cuh, a thread block per row) supply their own.
+"""
+from __future__ import annotations
+
+import textwrap
+
+from .emit_c import StatementPrinter, float_literal
+from .emit_kernels import enum_name, header_comment, launcher_params
+from .ir import REDUCTION_OPS, Graph, Node, make, topological_order
+from .schedule import OpSchedule, RowKernel, Specialization
+
+REDUCE_CALL = {"rsum": "sum", "rmax": "max", "rmin": "min"}
+
+
+def strip_no_grad(node: Node, memo: dict[int, Node]) -> Node:
+    """The same expression without no_grad markers (they only matter to autodiff)."""
+    done = memo.get(id(node))
+    if done is not None:
+        return done
+    if node.op == "no_grad":
+        result = strip_no_grad(node.args[0], memo)
+    elif not node.args:
+        result = node
+    else:
+        args = tuple(strip_no_grad(a, memo) for a in node.args)
+        if all(a is b for a, b in zip(args, node.args)):
+            result = node
+        elif node.op in REDUCTION_OPS or node.op == "colsum":
+            result = Node.make(node.op, args, value=node.value)
+        else:
+            result = make(node.op, *args)
+    memo[id(node)] = result
+    return result
+
+
+def _below_known(roots, known: dict[int, str]) -> list[Node]:
+    """Nodes reachable from roots without passing through `known` ones, arguments first."""
+    order, seen = [], set()
+    stack = [(r, False) for r in reversed(list(roots))]
+    while stack:
+        node, expanded = stack.pop()
+        if id(node) in seen:
+            continue
+        if expanded or id(node) in known or not node.args:
+            seen.add(id(node))
+            order.append(node)
+            continue
+        stack.append((node, True))
+        stack += [(a, False) for a in reversed(node.args) if id(a) not in seen]
+    return order
+
+
+class ScopePrinter(StatementPrinter):
+    """Declares `roots` (C++ name -> node) as `const float` lines; nodes in `known`
+    are already computed and referenced by name."""
+
+    def __init__(self, roots: dict[str, Node], known: dict[int, str], leaf_names: dict[str, str],
+                 spec_names: dict[Node, str], taken: set[str]):
+        self.roots = roots
+        self.leaf_names = leaf_names
+        self.order = _below_known(roots.values(), known)
+        self.uses = {}
+        for node in self.order:
+            if id(node) in known:
+                continue
+            for a in node.args:
+                self.uses[id(a)] = self.uses.get(id(a), 0) + 1
+        self.names = dict(known)
+        self.known = known
+        self.taken = taken
+        for node, name in spec_names.items():
+            if node.args and id(node) not in self.names and name not in taken and id(node) in {id(n) for n in self.order}:
+                self.names[id(node)] = name
+                taken.add(name)
+
+    def ref(self, node: Node) -> str:
+        if node.op == "dim":
+            return "length"
+        return super().ref(node)
+
+    def lines(self) -> list[str]:
+        out = []
+        root_of = {}
+        for name, node in self.roots.items():
+            root_of.setdefault(id(node), name)
+        for node in self.order:
+            if not node.args or id(node) in self.known:
+                continue
+            is_root = id(node) in root_of
+            if not (is_root or id(node) in self.names or self.uses.get(id(node), 0) > 1):
+                continue
+            text = self.expr(node, top=True)
+            if is_root and id(node) not in self.names:
+                self.names[id(node)] = root_of[id(node)]
+            elif id(node) not in self.names:
+                self.names[id(node)] = _fresh(self.taken, "t")
+            ctype = "bool" if node.type == "b" else "float"
+            out.append(f"const {ctype} {self.names[id(node)]} = {text};")
+        for name, node in self.roots.items():
+            if self.names.get(id(node)) != name:
+                out.append(f"const float {name} = {self.expr(node) if node.args else self.ref(node)};")
+        return out
+
+
+def _fresh(taken: set[str], prefix: str) -> str:
+    k = 0
+    while f"{prefix}{k}" in taken:
+        k += 1
+    taken.add(f"{prefix}{k}")
+    return f"{prefix}{k}"
+
+
+class RowProgram:
+    """The C++ body of `apply(row)` (and, for a backward, `column_terms`) of one graph."""
+
+    def __init__(self, kernel: RowKernel, graph: Graph):
+        self.kernel = kernel
+        memo: dict[int, Node] = {}
+        self.results = {name: strip_no_grad(node, memo) for name, node in graph.results.items()}
+        self.spec_names = {strip_no_grad(n, memo): name for n, name in graph.names.items()}
+        self.taken = {i.name for i in kernel.inputs} | {name for name, _ in kernel.scalars} | {"length", "row", "n"}
+        self.known: dict[int, str] = {}
+        self.leaf_names = {i.name: i.name for i in kernel.inputs}
+        self.leaf_names.update({name: name for name, _ in kernel.scalars})
+        self.input_index = {i.name: k for k, i in enumerate(kernel.inputs)}
+        self.domains = {i.name: i.domain for i in kernel.inputs}
+
+    # -- helpers ----------------------------------------------------------------
+
+    def _loads(self, nodes: list[Node]) -> list[str]:
+        """Declarations of the per-element and per-column inputs these nodes read."""
+        lines, seen = [], set()
+        for node in nodes:
+            if node.op != "input" or node.value in seen or self.domains[node.value] == "row":
+                continue
+            seen.add(node.value)
+            k = self.input_index[node.value]
+            i = self.kernel.inputs[k]
+            if i.domain == "elem":
+                value = f"row.load({k}, n)"
+            else:
+                value = f"row.load_col({k}, n, {float_literal(i.default if i.default is not None else 0.0)})"
+            lines.append(f"const float {node.value} = {value};")
+        return lines
+
+    def _hoist(self, roots: list[Node]) -> list[str]:
+        """Row-level (per-row or constant) subexpressions of `roots`, computed once per
+        row before the loop that needs them; afterwards they are known by name."""
+        below = _below_known(roots, self.known)
+        root_ids = {id(r) for r in roots}
+        tops = []
+        for node in below:
+            if not node.args or id(node) in self.known or node.op in REDUCTION_OPS:
+                continue
+            if node.domain not in ("row", "scalar"):
+                continue
+            feeds_elements = any(p.domain in ("elem", "col") and any(a is node for a in p.args) for p in below)
+            if id(node) in root_ids or feeds_elements:
+                tops.append(node)
+        if not tops:
+            return []
+        names = {}
+        for node in tops:
+            preferred = self.spec_names.get(node)
+            name = preferred if preferred and preferred not in self.taken else _fresh(self.taken, "r")
+            self.taken.add(name)
+            names[name] = node
+        lines = ScopePrinter(names, self.known, self.leaf_names, self.spec_names, self.taken).lines()
+        for name, node in names.items():
+            self.known[id(node)] = name
+        return lines
+
+    def _element_block(self, roots: dict[str, Node]) -> list[str]:
+        printer = ScopePrinter(roots, self.known, self.leaf_names, self.spec_names, set(self.taken))
+        body = printer.lines()
+        return self._loads(printer.order) + body
+
+    # -- the program ---------------------------------------------------------------
+
+    def levels(self) -> list[list[Node]]:
+        level: dict[int, int] = {}
+        reductions = []
+        for node in topological_order(self.results.values()):
+            below = max((level.get(id(a), 0) for a in node.args), default=0)
+            if node.op in REDUCTION_OPS:
+                level[id(node)] = below + 1
+                reductions.append(node)
+            else:
+                level[id(node)] = below
+        depth = max((level[id(r)] for r in reductions), default=0)
+        return [[r for r in reductions if level[id(r)] == d] for d in range(1, depth + 1)]
+
+    def apply_lines(self) -> list[str]:
+        lines = ["[[maybe_unused]] const float length = float(row.length());"]
+        for k, i in enumerate(self.kernel.inputs):
+            if i.domain == "row" and any(n.op == "input" and n.value == i.name
+                                         for n in topological_order(self.results.values())):
+                lines.append(f"const float {i.name} = row.load_row({k}, {float_literal(i.default or 0.0)});")
+                self.known[id(next(n for n in topological_order(self.results.values())
+                                    if n.op == "input" and n.value == i.name))] = i.name
+        for stage in self.levels():
+            lines += self._hoist([r.args[0] for r in stage])
+            for r in stage:
+                name = _fresh(self.taken, f"{REDUCE_CALL[r.op]}_")
+                block = self._element_block({"term": r.args[0]})
+                lines.append(f"const float {name} = row.{REDUCE_CALL[r.op]}([&](int64_t n) {{")
+                lines += [f"  {line}" for line in block] + ["  return term;", "});"]
+                self.known[id(r)] = name
+        outputs = list(self.kernel.outputs)
+        elem = {o.name: self.results[o.name] for o in outputs if o.domain == "elem"}
+        row = {o.name: self.results[o.name] for o in outputs if o.domain == "row"}
+        self.column_sums = {o.name: self.results[o.name] for o in outputs if o.domain == "col"}
+        if row:
+            lines += self._hoist(list(row.values()))
+            for name, node in row.items():
+                lines.append(f"row.store_row({self._output_index(name)}, {self.known.get(id(node)) or self._scalar(node)});")
+        if elem:
+            lines += self._hoist(list(elem.values()))
+            block = self._element_block({f"{name}_value": node for name, node in elem.items()})
+            lines.append("row.for_each([&](int64_t n) {")
+            lines += [f"  {line}" for line in block]
+            lines += [f"  row.store({self._output_index(name)}, n, {name}_value);" for name in elem]
+            lines.append("});")
+        # The per-row values the column pass needs are saved for it.
+        self.saved: list[tuple[str, Node]] = []
+        if self.column_sums:
+            terms = [node.args[0] for node in self.column_sums.values() if node.op == "colsum"]
+            lines += self._hoist(terms)
+            for node in _below_known(terms, self.known):
+                if id(node) in self.known and node.domain in ("row", "scalar") and node.op != "input":
+                    j = len(self.saved)
+                    self.saved.append((self.known[id(node)], node))
+                    lines.append(f"row.save({j}, {self.known[id(node)]});")
+        return lines
+
+    def _scalar(self, node: Node) -> str:
+        return ScopePrinter({"v": node}, self.known, self.leaf_names, self.spec_names, set(self.taken)).expr(node, top=True)
+
+    def _output_index(self, name: str) -> int:
+        return [o.name for o in self.kernel.outputs].index(name)
+
+    def column_lines(self) -> list[str]:
+        """Body of column_terms(row, n, terms): the summand of each per-column output."""
+        known = {id(node): name for name, node in self.saved}
+        lines = ["[[maybe_unused]] const float length = float(row.length());"]
+        lines += [f"const float {name} = row.saved({j});" for j, (name, _) in enumerate(self.saved)]
+        roots = {}
+        for k, (name, node) in enumerate(self.column_sums.items()):
+            roots[f"term_{k}"] = node.args[0] if node.op == "colsum" else node
+        printer = ScopePrinter(roots, known, self.leaf_names, self.spec_names, set(self.taken))
+        body = printer.lines()
+        lines += self._loads(printer.order) + body
+        lines += [f"terms[{k}] = term_{k};" for k in range(len(roots))]
+        return lines
+
+
+# ---------------------------------------------------------------------------------
+# Files of a row op
+# ---------------------------------------------------------------------------------
+
+CHUNK_NOTE = ("// The backward's column pass sums per-column terms over chunks of rows into fp32\n"
+              "// partials, then the partials in chunk order: deterministic, no atomics.")
+
+
+def _programs(kernel: RowKernel) -> list[tuple[Specialization, RowProgram, list[str], list[str]]]:
+    out = []
+    for specialization, graph in kernel.graphs:
+        program = RowProgram(kernel, graph)
+        apply = program.apply_lines()
+        columns = program.column_lines() if program.column_sums else []
+        out.append((specialization, program, apply, columns))
+    return out
+
+
+def _describe(kernel: RowKernel) -> str:
+    ins = ", ".join(f"inputs[{k}] = {i.name} (per {_WORD[i.domain]}{', optional' if i.optional else ''})"
+                    for k, i in enumerate(kernel.inputs))
+    outs = ", ".join(f"outputs[{k}] = {o.name} (per {_WORD[o.domain]})" for k, o in enumerate(kernel.outputs))
+    return f"{ins}; {outs}"
+
+
+_WORD = {"elem": "element", "col": "column", "row": "row"}
+
+
+def emit_row_header(s: OpSchedule) -> str:
+    spec, bwd = s.spec, s.backward
+    saved = max((len(p.saved) for _, p, _, _ in _programs(bwd)), default=0)
+    lines = [header_comment(spec.path), "#pragma once", "", "#include <cstdint>", "",
+             "#include <avo/dtype.h>", "#include <avo/row_args.h>", "",
+             "#if defined(AVO_WITH_CUDA)", "#include <cuda_runtime_api.h>", "#endif", "",
+             f"namespace avo::ops::{spec.name} {{", ""]
+    for a in spec.attrs:
+        if a.type == "str":
+            lines += [f"// The choices of attribute '{a.name}'.", f"enum class {enum_name(a.name)} {{ {', '.join(a.choices)} }};", ""]
+    for kernel in (s.forward, s.backward):
+        lines += [f"// {kernel.role.capitalize()} ({kernel.registered_name}): " + line if i == 0 else "// " + line
+                  for i, line in enumerate(textwrap.wrap(_describe(kernel), 84))]
+        lines += [f"using {kernel.args_type} = avo::RowArgs<{len(kernel.inputs)}, {len(kernel.outputs)}>;", ""]
+    columns = bwd.column_outputs
+    lines += [CHUNK_NOTE,
+              f"constexpr int kColumnSums = {len(columns)};",
+              "// The output index of column sum k.",
+              "AVO_HOST_DEVICE constexpr int column_output(int k) {",
+              "  return " + "".join(f"k == {k} ? {c} : " for k, c in enumerate(columns)) + "-1;",
+              "}",
+              f"constexpr int kSavedPerRow = {saved};", "",
+              "// CPU: the row kernels take rows [begin, end); the column pass chunks [begin, end),",
+              "// then its finish columns [begin, end). The caller splits the work."]
+    for kernel in (s.forward, s.backward):
+        lines.append(f"void {kernel.role}_cpu(avo::DType dtype, const {kernel.args_type}& args, "
+                     f"{launcher_params(kernel, 'int64_t begin, int64_t end')});")
+    lines += [f"void backward_columns_cpu(avo::DType dtype, const BackwardArgs& args, "
+              f"{launcher_params(s.backward, 'int64_t begin, int64_t end')});",
+              "void backward_columns_finish_cpu(avo::DType dtype, const BackwardArgs& args, int64_t begin, int64_t end);",
+              "", "#if defined(AVO_WITH_CUDA)", "// CUDA launchers enqueue their kernels on `stream`."]
+    for kernel in (s.forward, s.backward):
+        lines.append(f"void {kernel.role}_cuda(avo::DType dtype, const {kernel.args_type}& args, "
+                     f"{launcher_params(kernel, 'cudaStream_t stream')});")
+    lines += ["#endif", "", f"}}  // namespace avo::ops::{spec.name}", ""]
+    return "\n".join(lines)
+
+
+def emit_row_math(s: OpSchedule) -> str:
+    spec = s.spec
+    lines = [header_comment(spec.path), "#pragma once", "", "#include <cmath>", "#include <cstdint>", "",
+             "#include <avo/common.h>", "#include <avo/math.h>", "", f"namespace avo::ops::{spec.name} {{", ""]
+    lines += [f"// {line}" for line in textwrap.wrap(spec.doc, 86)] + [""]
+    for kernel in (s.forward, s.backward):
+        for specialization, program, apply, columns in _programs(kernel):
+            title = f"{kernel.role.capitalize()} of one row"
+            if specialization.choices:
+                title += f", for {specialization.description}"
+            lines += [f"// {title}.", f"struct {kernel.math_struct(specialization)} {{"]
+            lines += [f"  {ctype} {name};" for name, ctype in kernel.scalars]
+            lines += ["  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: avo::SerialRow or avo::BlockRow.",
+                      "  template <typename Precision, typename Row>",
+                      "  AVO_HOST_DEVICE void apply(const Row& row) const {",
+                      "    using F [[maybe_unused]] = avo::Functions<Precision>;"]
+            lines += [f"    {line}" for line in apply]
+            lines.append("  }")
+            if kernel.role == "backward":
+                lines += ["", "  // The summand at (row, n) of each per-column output, in column_output order.",
+                          "  template <typename Precision, typename Row>",
+                          "  AVO_HOST_DEVICE void column_terms(const Row& row, int64_t n, float* terms) const {",
+                          "    using F [[maybe_unused]] = avo::Functions<Precision>;"]
+                lines += [f"    {line}" for line in columns] if columns else ["    (void)row;", "    (void)n;",
+                                                                               "    (void)terms;"]
+                lines.append("  }")
+            lines += ["};", ""]
+    lines += [f"}}  // namespace avo::ops::{spec.name}", ""]
+    return "\n".join(lines)
+
+
+def _dispatch(kernel: RowKernel, call, types: str, device: str, last_param: str, name: str | None = None) -> list[str]:
+    from .emit_kernels import _dispatch_calls
+
+    params = launcher_params(kernel, last_param)
+    lines = [f"void {name or kernel.role + '_' + device}(avo::DType dtype, const {kernel.args_type}& args, {params}) {{",
+             f"  avo::visit_dtype<{types}>(dtype, [&](auto tag) {{", "    using T = typename decltype(tag)::type;"]
+    lines += _dispatch_calls(kernel, call, "    ")
+    lines += ["  });", "}", ""]
+    return lines
+
+
+def emit_row_cuda(s: OpSchedule) -> str:
+    spec, fwd, bwd = s.spec, s.forward, s.backward
+    lines = [header_comment(spec.path), f'#include "{spec.name}.h"', f'#include "{spec.name}_math.h"', "",
+             "#include <avo/cuda_launch.cuh>", "#include <avo/row_cuda.cuh>", "",
+             f"namespace avo::ops::{spec.name} {{", "namespace {", ""]
+    for kernel in (fwd, bwd):
+        lines += [f"// {kernel.role.capitalize()}: one thread block per row (rows beyond the grid loop).",
+                  "template <typename T, typename Math>",
+                  f"__global__ void __launch_bounds__(avo::kRowThreads) {kernel.role}_rows(const {kernel.args_type} args, const Math math) {{",
+                  "  for (int64_t r = blockIdx.x; r < args.rows; r += gridDim.x) {",
+                  f"    const avo::BlockRow<T, {kernel.args_type}> row(args, r);",
+                  "    math.template apply<avo::PrecisionFor<T>>(row);", "  }", "}", ""]
+    lines += [
+        "// Backward column pass, stage 1: block c sums the per-column terms of its chunk of rows.",
+        "template <typename T, typename Math>",
+        "__global__ void __launch_bounds__(avo::kRowThreads) backward_column_partials(const BackwardArgs args, const Math math) {",
+        "  const int64_t chunk = blockIdx.x;",
+        "  const int64_t first = chunk * args.rows_per_chunk;",
+        "  const int64_t last = first + args.rows_per_chunk < args.rows ? first + args.rows_per_chunk : args.rows;",
+        "  for (int64_t n = threadIdx.x; n < args.length; n += blockDim.x) {",
+        "    float sums[kColumnSums > 0 ? kColumnSums : 1] = {};",
+        "    for (int64_t r = first; r < last; ++r) {",
+        "      const avo::RowView<T, BackwardArgs> row(args, r);",
+        "      float terms[kColumnSums > 0 ? kColumnSums : 1];",
+        "      math.template column_terms<avo::PrecisionFor<T>>(row, n, terms);",
+        "      for (int k = 0; k < kColumnSums; ++k) sums[k] += terms[k];",
+        "    }",
+        "    for (int k = 0; k < kColumnSums; ++k) args.partials[(k * args.chunks + chunk) * args.length + n] = sums[k];",
+        "  }",
+        "}",
+        "",
+        "// Backward column pass, stage 2: each column's partials, summed in chunk order.",
+        "template <typename T>",
+        "__global__ void __launch_bounds__(avo::kRowThreads) backward_column_finish(const BackwardArgs args) {",
+        "  const int64_t step = int64_t(gridDim.x) * blockDim.x;",
+        "  for (int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; n < args.length; n += step) {",
+        "    for (int k = 0; k < kColumnSums; ++k) {",
+        "      T* out = static_cast<T*>(args.outputs[column_output(k)]);",
+        "      if (out == nullptr) continue;",
+        "      float total = 0.0f;",
+        "      for (int64_t c = 0; c < args.chunks; ++c) total += args.partials[(k * args.chunks + c) * args.length + n];",
+        "      out[n] = avo::Element<T>::from_float(total);",
+        "    }",
+        "  }",
+        "}",
+        "",
+        "template <typename T, typename Math>",
+        "void launch_forward(const ForwardArgs& args, const Math& math, cudaStream_t stream) {",
+        "  if (args.rows == 0) return;",
+        "  const unsigned blocks = avo::resident_grid_size(forward_rows<T, Math>, args.rows * avo::kRowThreads, avo::kRowThreads);",
+        "  forward_rows<T><<<blocks, avo::kRowThreads, 0, stream>>>(args, math);",
+        "}",
+        "",
+        "template <typename T, typename Math>",
+        "void launch_backward(const BackwardArgs& args, const Math& math, cudaStream_t stream) {",
+        "  if (args.rows == 0) return;",
+        "  const unsigned blocks = avo::resident_grid_size(backward_rows<T, Math>, args.rows * avo::kRowThreads, avo::kRowThreads);",
+        "  backward_rows<T><<<blocks, avo::kRowThreads, 0, stream>>>(args, math);",
+        "  if (kColumnSums == 0 || args.partials == nullptr || args.length == 0) return;",
+        "  backward_column_partials<T><<<unsigned(args.chunks), avo::kRowThreads, 0, stream>>>(args, math);",
+        "  const unsigned finish_blocks = unsigned((args.length + avo::kRowThreads - 1) / avo::kRowThreads);",
+        "  backward_column_finish<T><<<finish_blocks, avo::kRowThreads, 0, stream>>>(args);",
+        "}",
+        "",
+        "}  // namespace", "",
+    ]
+    for kernel in (fwd, bwd):
+        lines += _dispatch(kernel, lambda init, k=kernel: f"launch_{k.role}<T>(args, {init}, stream);",
+                           "__half, __nv_bfloat16", "cuda", "cudaStream_t stream")
+    lines += [f"}}  // namespace avo::ops::{spec.name}", ""]
+    return "\n".join(lines)
+
+
+def emit_row_cpu(s: OpSchedule) -> str:
+    spec, fwd, bwd = s.spec, s.forward, s.backward
+    lines = [header_comment(spec.path), f'#include "{spec.name}.h"', f'#include "{spec.name}_math.h"', "",
+             "#include <avo/row_cpu.h>", "", f"namespace avo::ops::{spec.name} {{", "namespace {", ""]
+    for kernel in (fwd, bwd):
+        lines += [f"// {kernel.role.capitalize()} of rows [begin, end).", "template <typename T, typename Math>",
+                  f"void {kernel.role}_rows(const {kernel.args_type}& args, const Math& math, int64_t begin, int64_t end) {{",
+                  "  for (int64_t r = begin; r < end; ++r) {",
+                  f"    const avo::SerialRow<T, {kernel.args_type}> row(args, r);",
+                  "    math.template apply<avo::Exact>(row);", "  }", "}", ""]
+    lines += [
+        "// Column pass, stage 1, for chunks [begin, end).",
+        "template <typename T, typename Math>",
+        "void column_partials(const BackwardArgs& args, const Math& math, int64_t begin, int64_t end) {",
+        "  for (int64_t chunk = begin; chunk < end; ++chunk) {",
+        "    const int64_t first = chunk * args.rows_per_chunk;",
+        "    const int64_t last = first + args.rows_per_chunk < args.rows ? first + args.rows_per_chunk : args.rows;",
+        "    for (int64_t n = 0; n < args.length; ++n) {",
+        "      float sums[kColumnSums > 0 ? kColumnSums : 1] = {};",
+        "      for (int64_t r = first; r < last; ++r) {",
+        "        const avo::RowView<T, BackwardArgs> row(args, r);",
+        "        float terms[kColumnSums > 0 ? kColumnSums : 1];",
+        "        math.template column_terms<avo::Exact>(row, n, terms);",
+        "        for (int k = 0; k < kColumnSums; ++k) sums[k] += terms[k];",
+        "      }",
+        "      for (int k = 0; k < kColumnSums; ++k) args.partials[(k * args.chunks + chunk) * args.length + n] = sums[k];",
+        "    }",
+        "  }",
+        "}",
+        "",
+        "}  // namespace", "",
+    ]
+    for kernel in (fwd, bwd):
+        lines += _dispatch(kernel, lambda init, k=kernel: f"{k.role}_rows<T>(args, {init}, begin, end);",
+                           "avo::Half, avo::BFloat16", "cpu", "int64_t begin, int64_t end")
+    lines += _dispatch(bwd, lambda init: f"column_partials<T>(args, {init}, begin, end);",
+                       "avo::Half, avo::BFloat16", "cpu", "int64_t begin, int64_t end", name="backward_columns_cpu")
+    lines += [
+        "// Column pass, stage 2, for columns [begin, end): partials summed in chunk order.",
+        "void backward_columns_finish_cpu(avo::DType dtype, const BackwardArgs& args, int64_t begin, int64_t end) {",
+        "  avo::visit_dtype<avo::Half, avo::BFloat16>(dtype, [&](auto tag) {",
+        "    using T = typename decltype(tag)::type;",
+        "    for (int k = 0; k < kColumnSums; ++k) {",
+        "      T* out = static_cast<T*>(args.outputs[column_output(k)]);",
+        "      if (out == nullptr) continue;",
+        "      for (int64_t n = begin; n < end; ++n) {",
+        "        float total = 0.0f;",
+        "        for (int64_t c = 0; c < args.chunks; ++c) total += args.partials[(k * args.chunks + c) * args.length + n];",
+        "        out[n] = avo::Element<T>::from_float(total);",
+        "      }",
+        "    }",
+        "  });",
+        "}",
+        "",
+        f"}}  // namespace avo::ops::{spec.name}", "",
+    ]
+    return "\n".join(lines)
