@@ -4,7 +4,11 @@
 For every op x direction x shape x dtype this measures three implementations:
 
     avo      torch.ops.avo.<op> (or <op>_backward for "bwd")
-    eager    the torch eager reference (F.gelu / F.silu, aten.*_backward for "bwd")
+    eager    the torch eager reference: F.gelu / F.silu / F.layer_norm / F.rms_norm /
+             torch.softmax ... for "fwd"; for "bwd" the aten backward kernel torch's
+             autograd runs (aten.gelu_backward, native_layer_norm_backward,
+             _softmax_backward_data, ...), fed the statistics its forward would have
+             saved (precomputed outside the timing)
     compile  torch.compile of the eager reference
 
 Bandwidth = minimal bytes (each input read once, each output written once) / median
@@ -17,11 +21,17 @@ times the L2 cache, so every timed call reads cold data from HBM. Before each ch
 timed calls the GPU is parked on a short spin kernel while the host queues the chunk,
 so host launch overhead never shows up in the per-call times.
 
-Adding an op: append Case entries to CASES (see the gelu/silu entries below).
+Row ops (layernorm, rmsnorm, softmax, log_softmax, swish_layernorm, add_rmsnorm,
+add_layernorm) normalize over the last dimension N of an RxN shape; their parameter
+vectors (weight, bias) have length N and the input dtype.
+
+Adding an op: append Case entries to CASES (see the gelu/silu and row-op entries below).
 
 Usage:
-    python benchmarks/bench_ops.py [--quick] [--ops gelu,silu] [--dtypes bf16,fp32]
-        [--shapes 16384x4096,...] [--json PATH] [--markdown PATH]
+    python benchmarks/bench_ops.py [--quick] [--ops gelu,layernorm] [--dirs fwd,bwd]
+        [--dtypes bf16,fp32] [--shapes 16384x4096,...] [--json PATH] [--markdown PATH]
+
+--quick: 16384x4096 only; gelu, silu, layernorm, rmsnorm, softmax (fwd and bwd), 50 reps.
 
 Progress goes to stderr; the summary table is printed last on stdout.
 """
@@ -47,6 +57,9 @@ Shape = tuple[int, ...]
 
 DEFAULT_SHAPES = ["32768x1024", "16384x4096", "4096x16384"]
 QUICK_SHAPES = ["16384x4096"]
+QUICK_OPS = ["gelu", "silu", "layernorm", "rmsnorm", "softmax"]
+DEFAULT_REPS = 100
+QUICK_REPS = 50          # --quick: 20 rows x 3 implementations, mostly torch.compile time
 DEFAULT_DTYPES = ["bf16", "fp32"]
 COPY_SIZES_MIB = [512, 2048]
 FALLBACK_L2_BYTES = 64 << 20
@@ -68,7 +81,8 @@ SHORT_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp
 class Case:
     """One benchmarked operation (an op in one direction).
 
-    make_inputs(shape, dtype, device) -> tuple of input tensors
+    make_inputs(shape, dtype, device) -> tuple of input tensors (may end with tensors only
+                                          the eager reference reads, e.g. saved statistics)
     avo(*inputs) / eager(*inputs)      -> output tensor(s); same signature
     nbytes(inputs)                     -> minimal bytes moved by one call
     """
@@ -133,10 +147,174 @@ def silu_cases() -> list[Case]:
     ]
 
 
+# Row ops: normalize over the LAST dimension N of an RxN input. Their make_inputs return
+# the tensors both callables take: what avo reads, plus anything the eager reference needs
+# that torch's autograd would have saved in the forward (mean/rstd, the softmax output).
+# Those extras are computed once in make_inputs, outside the timing, and avo ignores them.
+
+LN_EPS = 1e-5
+RMS_EPS = 1e-6
+
+
+def nbytes_of(t: Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def row_bytes(rows_read: Sequence[int], rows_written: int, cols_read: Sequence[int] = (),
+              cols_written: int = 0):
+    """Byte count of a row op: the RxN inputs at positions rows_read and the length-N
+    parameter vectors at positions cols_read read once; rows_written RxN tensors (dtype of
+    inputs[rows_read[0]]) and cols_written length-N vectors (dtype of inputs[cols_read[0]])
+    written once. Inputs at other positions (saved statistics) are not counted."""
+
+    def nbytes(inputs: Sequence[Tensor]) -> int:
+        row = inputs[rows_read[0]]
+        col_size = (inputs[cols_read[0]] if cols_read else row).element_size() * row.shape[-1]
+        return (sum(nbytes_of(inputs[i]) for i in (*rows_read, *cols_read))
+                + rows_written * nbytes_of(row) + cols_written * col_size)
+
+    return nbytes
+
+
+def row_inputs(rows: int, cols: int = 0, extra: Optional[Callable] = None):
+    """Builder of `rows` standard-normal tensors of the requested shape, then `cols`
+    standard-normal parameter vectors of length N (shape[-1]), same dtype; `extra(*tensors)`
+    may append precomputed tensors (the statistics the eager backward reads)."""
+
+    def make(shape: Shape, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, ...]:
+        ts = [torch.randn(shape, dtype=dtype, device=device) for _ in range(rows)]
+        ts += [torch.randn(shape[-1], dtype=dtype, device=device) for _ in range(cols)]
+        return tuple(ts) + (tuple(extra(*ts)) if extra is not None else ())
+
+    return make
+
+
+def layernorm_cases() -> list[Case]:
+    def stats(dy, x, w, b):  # what F.layer_norm's autograd saves: mean, rstd (fp32, Rx1)
+        _, mean, rstd = torch.ops.aten.native_layer_norm(x, [x.shape[-1]], w, b, LN_EPS)
+        return mean, rstd
+
+    return [
+        Case("layernorm", "fwd", row_inputs(1, cols=2),
+             avo=lambda x, w, b: torch.ops.avo.layernorm(x, w, b, LN_EPS),
+             eager=lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, LN_EPS),
+             nbytes=row_bytes([0], 1, cols_read=[1, 2])),
+        # Bytes: dy, x read, dx written; w read, dw, db written. The eager kernel also reads
+        # the saved mean and rstd (R floats each), which are not counted.
+        Case("layernorm", "bwd", row_inputs(2, cols=2, extra=stats),
+             avo=lambda dy, x, w, b, mean, rstd:
+                 torch.ops.avo.layernorm_backward(dy, x, w, b, LN_EPS),
+             eager=lambda dy, x, w, b, mean, rstd: torch.ops.aten.native_layer_norm_backward(
+                 dy, x, [x.shape[-1]], mean, rstd, w, b, [True, True, True]),
+             nbytes=row_bytes([0, 1], 1, cols_read=[2], cols_written=2)),
+    ]
+
+
+def rms_rstd(x: Tensor, w: Tensor) -> Tensor:
+    """The rstd (fp32, Rx1) that F.rms_norm's autograd saves for its backward."""
+    fused = getattr(torch.ops.aten, "_fused_rms_norm", None)
+    if fused is not None:
+        return fused(x, [x.shape[-1]], w, RMS_EPS)[1]
+    xc = x.to(torch.promote_types(x.dtype, torch.float32))
+    return torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + RMS_EPS)
+
+
+def rmsnorm_backward_eager(dy: Tensor, x: Tensor, w: Tensor, rstd: Tensor):
+    """The eager backward of F.rms_norm from its saved rstd.
+
+    On CUDA, torch eager autograd runs the fused kernel aten._fused_rms_norm_backward
+    (torch >= 2.8), so that is the reference there. Elsewhere (it has no CPU kernel) or on
+    older torch, the same math in plain torch ops, as torch's own decomposition of that op
+    computes it (fp32 compute, cast back):
+        xhat = x * rstd, g = dy * w
+        dx = rstd * (g - xhat * mean(g * xhat, -1)),  dw = sum over rows of dy * xhat
+    """
+    fused = getattr(torch.ops.aten, "_fused_rms_norm_backward", None)
+    if fused is not None and x.is_cuda:
+        return fused(dy, x, [x.shape[-1]], rstd, w, [True, True])
+    compute = torch.promote_types(x.dtype, torch.float32)
+    xhat = x.to(compute) * rstd
+    dyf = dy.to(compute)
+    g = dyf * w.to(compute)
+    dx = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))
+    dw = (dyf * xhat).reshape(-1, x.shape[-1]).sum(0)
+    return dx.to(x.dtype), dw.to(w.dtype)
+
+
+def rmsnorm_cases() -> list[Case]:
+    return [
+        Case("rmsnorm", "fwd", row_inputs(1, cols=1),
+             avo=lambda x, w: torch.ops.avo.rmsnorm(x, w, RMS_EPS),
+             eager=lambda x, w: F.rms_norm(x, (x.shape[-1],), w, RMS_EPS),
+             nbytes=row_bytes([0], 1, cols_read=[1])),
+        # Bytes: dy, x read, dx written; w read, dw written. The eager kernel also reads the
+        # saved rstd (R floats), which is not counted.
+        Case("rmsnorm", "bwd", row_inputs(2, cols=1, extra=lambda dy, x, w: (rms_rstd(x, w),)),
+             avo=lambda dy, x, w, rstd: torch.ops.avo.rmsnorm_backward(dy, x, w, RMS_EPS),
+             eager=rmsnorm_backward_eager,
+             nbytes=row_bytes([0, 1], 1, cols_read=[2], cols_written=1)),
+    ]
+
+
+def softmax_cases(op: str, fwd: Callable, aten_bwd: Callable) -> list[Case]:
+    # torch.ops.avo.<op> is looked up at call time: avo_ops may not be loaded (--no-avo).
+    return [
+        Case(op, "fwd", row_inputs(1),
+             avo=lambda x: getattr(torch.ops.avo, op)(x),
+             eager=lambda x: fwd(x, -1),
+             nbytes=row_bytes([0], 1)),
+        # avo recomputes from x, eager reads the saved output y (precomputed here): the same
+        # bytes either way (dy and x-or-y read, dx written).
+        Case(op, "bwd", row_inputs(2, extra=lambda dy, x: (fwd(x, -1),)),
+             avo=lambda dy, x, y: getattr(torch.ops.avo, f"{op}_backward")(dy, x),
+             eager=lambda dy, x, y: aten_bwd(dy, y, -1, x.dtype),
+             nbytes=row_bytes([0, 1], 1)),
+    ]
+
+
+def swish_layernorm_cases() -> list[Case]:
+    # Forward only: torch has no single backward kernel for layer_norm(silu(x)); its eager
+    # autograd backward would be a chain of kernels reading saved intermediates.
+    return [
+        Case("swish_layernorm", "fwd", row_inputs(1, cols=2),
+             avo=lambda x, w, b: torch.ops.avo.swish_layernorm(x, w, b, LN_EPS),
+             eager=lambda x, w, b: F.layer_norm(F.silu(x), (x.shape[-1],), w, b, LN_EPS),
+             nbytes=row_bytes([0], 1, cols_read=[1, 2])),
+    ]
+
+
+def add_norm_cases() -> list[Case]:
+    # Forward only. Bytes: x, residual read; hidden = x + residual and y written; w (, b) read.
+    def add_rmsnorm_eager(x, r, w):
+        h = x + r
+        return h, F.rms_norm(h, (x.shape[-1],), w, RMS_EPS)
+
+    def add_layernorm_eager(x, r, w, b):
+        h = x + r
+        return h, F.layer_norm(h, (x.shape[-1],), w, b, LN_EPS)
+
+    return [
+        Case("add_rmsnorm", "fwd", row_inputs(2, cols=1),
+             avo=lambda x, r, w: torch.ops.avo.add_rmsnorm(x, r, w, RMS_EPS),
+             eager=add_rmsnorm_eager,
+             nbytes=row_bytes([0, 1], 2, cols_read=[2])),
+        Case("add_layernorm", "fwd", row_inputs(2, cols=2),
+             avo=lambda x, r, w, b: torch.ops.avo.add_layernorm(x, r, w, b, LN_EPS),
+             eager=add_layernorm_eager,
+             nbytes=row_bytes([0, 1], 2, cols_read=[2, 3])),
+    ]
+
+
 CASES: list[Case] = [
     *gelu_cases("gelu", "none"),
     *gelu_cases("gelu_tanh", "tanh"),
     *silu_cases(),
+    *layernorm_cases(),
+    *rmsnorm_cases(),
+    *softmax_cases("softmax", torch.softmax, torch.ops.aten._softmax_backward_data),
+    *softmax_cases("log_softmax", torch.log_softmax, torch.ops.aten._log_softmax_backward_data),
+    *swish_layernorm_cases(),
+    *add_norm_cases(),
 ]
 
 
@@ -286,12 +464,36 @@ def first_line(exc: BaseException) -> str:
 
 
 def compare(avo_out, ref_out, dtype: torch.dtype) -> dict:
-    """Loose sanity check that avo computes what the reference computes."""
+    """Loose sanity check that avo computes what the reference computes.
+
+    Ops with several outputs (most backwards) are compared output by output. Outputs
+    smaller than the first (parameter gradients: sums over all R rows) get an absolute
+    tolerance scaled by their largest magnitude, since summation order differs."""
     tol = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 4e-2}[dtype]
-    a, r = avo_out.float(), ref_out.float()
-    max_abs = (a - r).abs().max().item()
-    ok = bool(torch.allclose(a, r, rtol=tol, atol=tol))
-    return {"ok": ok, "max_abs_diff": max_abs}
+    avo_outs = list(avo_out) if isinstance(avo_out, (tuple, list)) else [avo_out]
+    ref_outs = list(ref_out) if isinstance(ref_out, (tuple, list)) else [ref_out]
+    if len(avo_outs) != len(ref_outs):
+        return {"ok": False, "max_abs_diff": None,
+                "error": f"{len(avo_outs)} outputs vs {len(ref_outs)} from eager"}
+    per_output = []
+    for a, r in zip(avo_outs, ref_outs):
+        if a.shape != r.shape:
+            per_output.append({"ok": False, "max_abs_diff": None,
+                               "error": f"shape {list(a.shape)} vs {list(r.shape)}"})
+            continue
+        a, r = a.float(), r.float()
+        atol = tol
+        if r.numel() < ref_outs[0].numel() and r.numel() > 0:
+            atol = tol * max(1.0, r.abs().max().item())
+        max_abs = (a - r).abs().max().item() if r.numel() else 0.0
+        per_output.append({"ok": bool(torch.allclose(a, r, rtol=tol, atol=atol)),
+                           "max_abs_diff": max_abs})
+    diffs = [o["max_abs_diff"] for o in per_output if o["max_abs_diff"] is not None]
+    check = {"ok": all(o["ok"] for o in per_output),
+             "max_abs_diff": max(diffs) if diffs else None}
+    if len(per_output) > 1:
+        check["outputs"] = per_output
+    return check
 
 
 class Notices:
@@ -333,11 +535,18 @@ def bench_case(case: Case, shape: Shape, dtype: torch.dtype, timer: Timer, copy_
             log(f"{tag}: unavailable")
         row["results"][impl] = stats
     if "gbps" in row["results"].get("avo", {}):
-        row["check"] = compare(case.avo(*probe), case.eager(*probe), dtype)
+        try:
+            row["check"] = compare(case.avo(*probe), case.eager(*probe), dtype)
+        except Exception as exc:  # noqa: BLE001 - e.g. the eager reference is unavailable
+            row["check"] = {"ok": False, "max_abs_diff": None, "error": first_line(exc)}
         if not row["check"]["ok"]:
+            bad = [str(i) for i, o in enumerate(row["check"].get("outputs", [])) if not o["ok"]]
+            diff = row["check"]["max_abs_diff"]
             notices.add(f"avo output differs from eager for {case.label} "
                         f"{fmt_shape(shape)} {SHORT_DTYPE[dtype]} "
-                        f"(max abs diff {row['check']['max_abs_diff']:.3g})")
+                        + (f"(outputs {','.join(bad)}; " if bad else "(")
+                        + (f"max abs diff {diff:.3g})" if diff is not None
+                           else f"{row['check'].get('error', 'mismatch')})"))
     row["speedup_vs_best_other"] = speedup(row["results"])
     del arg_sets, probe
     torch.cuda.empty_cache()
@@ -442,12 +651,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         epilog=f"ops: {', '.join(op_names())}. dtypes: bf16, fp16, fp32. "
                "Progress goes to stderr; the summary table is printed last on stdout.")
     p.add_argument("--quick", action="store_true",
-                   help=f"only {', '.join(QUICK_SHAPES)} (unless --shapes is given)")
+                   help=f"only {', '.join(QUICK_SHAPES)} (unless --shapes is given), "
+                        f"ops {','.join(QUICK_OPS)} (unless --ops is given), "
+                        f"{QUICK_REPS} reps (unless --reps is given)")
     p.add_argument("--ops", help="comma-separated op names (default: all)")
     p.add_argument("--dirs", default="fwd,bwd", help="fwd, bwd or both (default: fwd,bwd)")
     p.add_argument("--dtypes", help=f"comma-separated (default: {','.join(DEFAULT_DTYPES)})")
     p.add_argument("--shapes", help=f"comma-separated (default: {','.join(DEFAULT_SHAPES)})")
-    p.add_argument("--reps", type=int, default=100, help="timed calls per result (default 100)")
+    p.add_argument("--reps", type=int,
+                   help=f"timed calls per result (default {DEFAULT_REPS}; {QUICK_REPS} with --quick)")
     p.add_argument("--warmup", type=int, default=10, help="untimed calls first (default 10)")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     p.add_argument("--no-avo", action="store_true",
@@ -456,7 +668,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--markdown", metavar="PATH", help="write the summary as Markdown")
     args = p.parse_args(argv)
 
-    args.ops = split_list(args.ops) or op_names()
+    args.ops = split_list(args.ops) or (QUICK_OPS if args.quick else op_names())
     unknown = set(args.ops) - set(op_names())
     if unknown:
         p.error(f"unknown op(s) {sorted(unknown)}; known: {op_names()}")
@@ -472,6 +684,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         args.shapes = [parse_shape(s) for s in shape_texts]
     except argparse.ArgumentTypeError as exc:
         p.error(str(exc))
+    if args.reps is None:
+        args.reps = QUICK_REPS if args.quick else DEFAULT_REPS
     if args.reps < 1 or args.warmup < 0:
         p.error("--reps must be >= 1 and --warmup >= 0")
     return args

@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
 #include <array>
@@ -26,14 +27,8 @@ struct NamedInput {
   const at::Tensor* tensor;
 };
 
-inline const char* dtype_name(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return "float32";
-    case at::kHalf: return "float16";
-    case at::kBFloat16: return "bfloat16";
-    default: return c10::toString(t);  // e.g. Double
-  }
-}
+// The dtype as Python names it (float32, float64, int32, ...).
+inline std::string dtype_name(at::ScalarType t) { return std::string(c10::getDtypeNames(t).first); }
 
 inline DType to_avo_dtype(const char* op, const char* arg, at::ScalarType t) {
   switch (t) {

@@ -95,7 +95,11 @@ def emit_python(s: OpSchedule) -> str:
         choices = f" One of {', '.join(repr(c) for c in a.choices)}." if a.choices else ""
         lines.append(f"        {a.name}: {a.doc or a.type}.{choices}")
     outs = ", ".join(o.name for o in spec.outputs)
-    lines += ["", "    Returns:", f"        {outs}: a new contiguous tensor of the inputs' broadcast shape and dtype.",
+    if s.pattern == "row":
+        returns = "new contiguous tensors of the inputs' dtype, shaped like the input (per row: without its last dimension)."
+    else:
+        returns = "a new contiguous tensor of the inputs' broadcast shape and dtype."
+    lines += ["", "    Returns:", f"        {outs}: {returns}",
               '    """', f"    return {cls}.apply({all_inputs})", ""]
     return "\n".join(lines)
 

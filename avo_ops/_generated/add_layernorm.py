@@ -59,6 +59,6 @@ def add_layernorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor 
         eps: added to the variance.
 
     Returns:
-        hidden, y: a new contiguous tensor of the inputs' broadcast shape and dtype.
+        hidden, y: new contiguous tensors of the inputs' dtype, shaped like the input (per row: without its last dimension).
     """
     return AddLayernormFunction.apply(x, residual, weight, bias, eps)

@@ -57,6 +57,6 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | 
         eps: added to the mean square.
 
     Returns:
-        hidden, y: a new contiguous tensor of the inputs' broadcast shape and dtype.
+        hidden, y: new contiguous tensors of the inputs' dtype, shaped like the input (per row: without its last dimension).
     """
     return AddRmsnormFunction.apply(x, residual, weight, eps)

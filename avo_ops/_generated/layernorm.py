@@ -57,6 +57,6 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.T
         eps: added to the variance.
 
     Returns:
-        y: a new contiguous tensor of the inputs' broadcast shape and dtype.
+        y: new contiguous tensors of the inputs' dtype, shaped like the input (per row: without its last dimension).
     """
     return LayernormFunction.apply(x, weight, bias, eps)

@@ -53,6 +53,6 @@ def log_softmax(x: torch.Tensor) -> torch.Tensor:
         x: input; normalized over its last dimension (float32, float16 or bfloat16).
 
     Returns:
-        y: a new contiguous tensor of the inputs' broadcast shape and dtype.
+        y: new contiguous tensors of the inputs' dtype, shaped like the input (per row: without its last dimension).
     """
     return LogSoftmaxFunction.apply(x)

@@ -56,6 +56,6 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e
         eps: added to the mean square.
 
     Returns:
-        y: a new contiguous tensor of the inputs' broadcast shape and dtype.
+        y: new contiguous tensors of the inputs' dtype, shaped like the input (per row: without its last dimension).
     """
     return RmsnormFunction.apply(x, weight, eps)

@@ -57,6 +57,6 @@ def swish_layernorm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: t
         eps: added to the variance.
 
     Returns:
-        y: a new contiguous tensor of the inputs' broadcast shape and dtype.
+        y: new contiguous tensors of the inputs' dtype, shaped like the input (per row: without its last dimension).
     """
     return SwishLayernormFunction.apply(x, weight, bias, eps)

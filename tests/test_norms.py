@@ -1,0 +1,660 @@
+"""The row ops (reductions over the last dimension N) against float64 torch references:
+avo::layernorm, rmsnorm, softmax, log_softmax, swish_layernorm, add_layernorm and
+add_rmsnorm -- values, large-offset inputs, gradients, layouts, opcheck, torch.compile,
+determinism of the parameter gradients and argument errors.
+
+Tolerances. Every reference is computed by torch in float64 on the upcast inputs (which
+are already rounded to the test dtype), so the only errors left are the kernels' own:
+  * The result is rounded to the output dtype: half an ulp, 2^-8 relative for bfloat16
+    and 2^-11 for float16. conftest.TOLERANCES allows four times that (rtol 1.6e-2 /
+    2e-3); fp32 gets rtol 2e-5, a few ulps.
+  * Inside, the kernels compute in fp32; reductions accumulate in fp32 on the GPU
+    (per-thread partial sums, then a tree) and in double on the CPU, rounded to fp32.
+    A result that is a difference of larger terms (a normalized value, a gradient) so
+    carries an absolute error of a few fp32 eps times the size of those terms, even
+    where the result itself is tiny. `assert_matches_reference(..., scale=S)` adds an
+    absolute tolerance of 16 * eps_fp32 * S, S being the size of the terms:
+      - normalized outputs: max|y| (plus max|bias|);
+      - grad of x / residual: rstd * max|grad_y * weight| * (2 + max|x_hat|), the size of
+        the three terms of the layer-norm backward (rmsnorm alike), plus max|grad_hidden|
+        for add_*; softmax: max|grad_y|; log_softmax: max|grad_y| + max row sum |grad_y|;
+      - grad of weight / bias: sums over rows, so rows * max|grad_y * x_hat| and
+        rows * max|grad_y|.
+  * Large offsets (x = c + randn): the fp32 mean of values of size c is off by a few
+    eps_fp32 * c, so y carries an absolute error of ~eps_fp32 * c * rstd * |w|: the
+    scale there is c * rstd * max|w| (far below the error of a naive E[x^2] - E[x]^2
+    variance, eps_fp32 * c^2 * rstd^2, which is O(1) or worse at c = 1e3 and 1e4); the
+    gradients' scales grow by the same factor c.
+  * softmax / log_softmax in fp16/bf16: values span many binades; the rtol covers them,
+    and an absolute 1e-3 * max|y| covers the smallest probabilities.
+  * The one very long row (262144) sums 2^18 terms: fp32 gets rtol 1e-4 there.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import avo_ops
+from conftest import TOLERANCES, needs_cuda
+
+FP32_EPS = torch.finfo(torch.float32).eps
+
+
+# ---------------------------------------------------------------------------------
+# The ops: tensor inputs (per-element, then per-column parameters), the float64
+# reference, and the scales of their gradients' terms.
+# ---------------------------------------------------------------------------------
+
+
+def _ln(h, w, b, eps=1e-5):
+    return F.layer_norm(h, (h.shape[-1],), w, b, eps)
+
+
+def _rms(h, w, eps=1e-6):
+    return F.rms_norm(h, (h.shape[-1],), w, eps)
+
+
+class Op:
+    def __init__(self, name, elems, params, reference, kind):
+        self.name = name
+        self.elems = elems  # ("x",) or ("x", "residual")
+        self.params = params  # (), ("weight",) or ("weight", "bias")
+        self.reference = reference  # float64 reference: tensors in order -> tuple of outputs
+        self.kind = kind  # "layernorm", "rmsnorm", "softmax" or "log_softmax"
+
+    @property
+    def outputs(self):
+        return ("hidden", "y") if len(self.elems) == 2 else ("y",)
+
+    def op(self, *args, **kwargs):
+        return getattr(torch.ops.avo, self.name)(*args, **kwargs)
+
+    def functional(self, *args, **kwargs):
+        return getattr(avo_ops, self.name)(*args, **kwargs)
+
+    def backward_op(self):
+        return getattr(torch.ops.avo, self.name + "_backward")
+
+    def __repr__(self):
+        return self.name
+
+
+OPS = {
+    "layernorm": Op("layernorm", ("x",), ("weight", "bias"), lambda x, w, b: (_ln(x, w, b),), "layernorm"),
+    "rmsnorm": Op("rmsnorm", ("x",), ("weight",), lambda x, w: (_rms(x, w),), "rmsnorm"),
+    "softmax": Op("softmax", ("x",), (), lambda x: (torch.softmax(x, -1),), "softmax"),
+    "log_softmax": Op("log_softmax", ("x",), (), lambda x: (torch.log_softmax(x, -1),), "log_softmax"),
+    "swish_layernorm": Op("swish_layernorm", ("x",), ("weight", "bias"),
+                          lambda x, w, b: (_ln(F.silu(x), w, b),), "layernorm"),
+    "add_layernorm": Op("add_layernorm", ("x", "residual"), ("weight", "bias"),
+                        lambda x, r, w, b: (x + r, _ln(x + r, w, b)), "layernorm"),
+    "add_rmsnorm": Op("add_rmsnorm", ("x", "residual"), ("weight",),
+                      lambda x, r, w: (x + r, _rms(x + r, w)), "rmsnorm"),
+}
+ALL = list(OPS)
+NORMS = [name for name in OPS if OPS[name].params]  # the ops with parameters
+
+SHAPES = [(1, 1), (4, 1), (0, 16), (3, 7), (5, 33), (2, 3, 130), (4, 1000)]
+
+
+def randn(shape, dtype, device, offset=0.0, std=1.0):
+    x = torch.randn(shape, dtype=torch.float64) * std + offset
+    return x.to(dtype=dtype, device=device)
+
+
+def make_inputs(op, shape, dtype, device, params=True, bias=True, offset=0.0):
+    """The tensor arguments of `op` in order; a parameter left out is None."""
+    n = shape[-1]
+    tensors = [randn(shape, dtype, device, offset=offset)]
+    if len(op.elems) == 2:
+        tensors.append(randn(shape, dtype, device))
+    if "weight" in op.params:
+        tensors.append(randn((n,), dtype, device, offset=1.0, std=0.5) if params else None)
+    if "bias" in op.params:
+        tensors.append(randn((n,), dtype, device) if params and bias else None)
+    return tensors
+
+
+def upcast(tensors, requires_grad=False):
+    return [None if t is None else t.detach().double().requires_grad_(requires_grad) for t in tensors]
+
+
+def _max(t):
+    return t.abs().max().item() if t is not None and t.numel() else 0.0
+
+
+def assert_matches_reference(actual, expected64, dtype, scale=0.0, rtol=None, atol=0.0):
+    """`scale`: the size of the terms the result is computed from (module docstring)."""
+    assert actual.dtype == dtype
+    assert actual.shape == expected64.shape
+    tol = dict(TOLERANCES[dtype])
+    if rtol is not None:
+        tol["rtol"] = rtol
+    tol["atol"] = max(tol["atol"], atol, 16 * FP32_EPS * scale)
+    torch.testing.assert_close(actual.double(), expected64.double(), **tol)
+
+
+def _normalized(op, tensors64):
+    """x_hat and rstd (per row, keepdim) of the float64 reference's normalized tensor."""
+    h = tensors64[0]
+    if len(op.elems) == 2:
+        h = h + tensors64[1]
+    if op.name == "swish_layernorm":
+        h = F.silu(h)
+    if op.kind == "layernorm":
+        centered = h - h.mean(-1, keepdim=True)
+        rstd = torch.rsqrt((centered * centered).mean(-1, keepdim=True) + 1e-5)
+    else:
+        centered = h
+        rstd = torch.rsqrt((h * h).mean(-1, keepdim=True) + 1e-6)
+    return centered * rstd, rstd
+
+
+def output_scale(op, tensors64, outputs64, index):
+    if op.outputs[index] == "hidden":
+        return _max(outputs64[index])
+    bias = tensors64[-1] if "bias" in op.params else None
+    return _max(outputs64[index]) + _max(bias)
+
+
+def grad_scales(op, tensors64, grads64):
+    """Per tensor input, the size of the terms its gradient is computed from."""
+    grad_y = grads64[-1]
+    rows = grad_y.numel() // grad_y.shape[-1] if grad_y.numel() else 0
+    scales = []
+    if op.kind in ("softmax", "log_softmax"):
+        s = _max(grad_y)
+        if op.kind == "log_softmax" and grad_y.numel():
+            s += grad_y.abs().sum(-1).max().item()
+        return [s]
+    x_hat, rstd = _normalized(op, tensors64)
+    w = tensors64[len(op.elems)] if "weight" in op.params else None
+    gw = grad_y if w is None else grad_y * w
+    s = _max(rstd) * _max(gw) * (2 + _max(x_hat))
+    if op.name == "swish_layernorm":
+        s *= 1.1  # max |silu'|
+    if len(op.elems) == 2:
+        s += _max(grads64[0])
+    scales += [s] * len(op.elems)
+    if "weight" in op.params:
+        scales.append(rows * _max(grad_y * x_hat))
+    if "bias" in op.params:
+        scales.append(rows * _max(grad_y))
+    return scales
+
+
+def _tuple(out):
+    return out if isinstance(out, tuple) else (out,)
+
+
+def check_values(op, tensors, dtype, rtol=None, call=None):
+    outputs = _tuple((call or op.op)(*tensors))
+    tensors64 = upcast(tensors)
+    expected = op.reference(*tensors64)
+    assert len(outputs) == len(expected)
+    x = tensors[0]
+    for k, (out, exp) in enumerate(zip(outputs, expected)):
+        assert out.shape == x.shape and out.device == x.device and out.is_contiguous()
+        atol = 1e-3 * _max(exp) if op.kind in ("softmax", "log_softmax") and dtype != torch.float32 else 0.0
+        assert_matches_reference(out, exp, dtype, scale=output_scale(op, tensors64, expected, k), rtol=rtol,
+                                 atol=atol)
+
+
+def check_gradients(op, tensors, dtype, call):
+    """Gradients of every tensor input, every output receiving a gradient."""
+    device = tensors[0].device
+    shape = tensors[0].shape
+    leaves = [None if t is None else t.detach().clone().requires_grad_(True) for t in tensors]
+    grads = [randn(shape, dtype, device) for _ in op.outputs]
+    outputs = _tuple(call(*leaves))
+    present = [t for t in leaves if t is not None]
+    actual = torch.autograd.grad(outputs, present, grads)
+
+    leaves64 = upcast(tensors, requires_grad=True)
+    outputs64 = op.reference(*leaves64)
+    grads64 = [g.double() for g in grads]
+    present64 = [t for t in leaves64 if t is not None]
+    expected = torch.autograd.grad(outputs64, present64, grads64, allow_unused=True)
+    scales = [s for s, t in zip(grad_scales(op, upcast(tensors), grads64), leaves) if t is not None]
+    for a, e, s, leaf in zip(actual, expected, scales, present):
+        assert a.shape == leaf.shape
+        e = torch.zeros_like(leaf, dtype=torch.float64) if e is None else e
+        assert_matches_reference(a, e, dtype, scale=s)
+
+
+# ---------------------------------------------------------------------------------
+# Values
+# ---------------------------------------------------------------------------------
+
+
+# (op, with parameters?) -- softmax and log_softmax have none.
+PARAM_CASES = [(n, p) for n in ALL for p in (["params", "no_params"] if OPS[n].params else ["no_params"])]
+# ... and for the gradients also weight given, bias None.
+GRAD_PARAM_CASES = [(n, p) for n in ALL
+                    for p in ["params", "weight_only", "no_params"]
+                    if (p == "no_params" or OPS[n].params) and (p != "weight_only" or "bias" in OPS[n].params)]
+
+
+def _ids(cases):
+    return [f"{n}-{p}" for n, p in cases]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("name,params", PARAM_CASES, ids=_ids(PARAM_CASES))
+def test_forward_matches_float64_reference(name, params, shape, device, dtype):
+    op = OPS[name]
+    check_values(op, make_inputs(op, shape, dtype, device, params=params == "params"), dtype)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_functional_api_equals_registered_op(name, device, dtype):
+    op = OPS[name]
+    tensors = make_inputs(op, (6, 45), dtype, device)
+    for a, b in zip(_tuple(op.functional(*tensors)), _tuple(op.op(*tensors))):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", NORMS)
+def test_weight_without_bias(name, device, dtype):
+    op = OPS[name]
+    check_values(op, make_inputs(op, (5, 33), dtype, device, bias=False), dtype)
+
+
+@pytest.mark.parametrize("name", NORMS)
+def test_eps_is_used(name, device):
+    # Rows of tiny variance: eps dominates, so a dropped or misplaced eps shows.
+    op = OPS[name]
+    tensors = make_inputs(op, (4, 40), torch.float32, device)
+    tensors[0] = tensors[0] * 1e-3
+    if len(op.elems) == 2:
+        tensors[1] = tensors[1] * 1e-3
+    eps = 1e-4
+    out = _tuple(op.op(*tensors, eps=eps))
+    t64 = upcast(tensors)
+    h = t64[0] + t64[1] if len(op.elems) == 2 else t64[0]
+    if op.name == "swish_layernorm":
+        h = F.silu(h)
+    w = t64[len(op.elems)]
+    b = t64[len(op.elems) + 1] if "bias" in op.params else None
+    ref = _ln(h, w, b, eps) if op.kind == "layernorm" else _rms(h, w, eps)
+    assert_matches_reference(out[-1], ref, torch.float32, scale=_max(ref) + _max(b))
+
+
+@pytest.mark.parametrize("name", ["layernorm", "rmsnorm", "softmax"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_very_long_row(name, dtype, device):
+    op = OPS[name]
+    check_values(op, make_inputs(op, (2, 262144), dtype, device), dtype,
+                 rtol=1e-4 if dtype == torch.float32 else None)
+
+
+# ---------------------------------------------------------------------------------
+# Large offsets: the variance must come from centered values
+# ---------------------------------------------------------------------------------
+
+OFFSET_CASES = [(torch.float32, 1e3), (torch.float32, 1e4), (torch.float16, 1e3), (torch.bfloat16, 1e3)]
+
+
+@pytest.mark.parametrize("dtype,offset", OFFSET_CASES, ids=lambda v: str(v).replace("torch.", ""))
+@pytest.mark.parametrize("shape", [(8, 1000), (16, 64)], ids=str)
+@pytest.mark.parametrize("name", ["layernorm", "swish_layernorm", "add_layernorm"])
+def test_large_offset(name, shape, dtype, offset, device):
+    op = OPS[name]
+    tensors = make_inputs(op, shape, dtype, device, offset=offset)
+    out = _tuple(op.op(*tensors))
+    t64 = upcast(tensors)
+    expected = op.reference(*t64)
+    _, rstd = _normalized(op, t64)
+    w, b = t64[-2], t64[-1]
+    # hidden = x + residual is a plain rounded sum
+    if len(op.elems) == 2:
+        assert_matches_reference(out[0], expected[0], dtype)
+    scale = offset * _max(rstd) * _max(w)
+    assert_matches_reference(out[-1], expected[-1], dtype, scale=scale + _max(expected[-1]) + _max(b))
+    # The outputs are normalized: mean ~ bias, not garbage.
+    assert torch.isfinite(out[-1]).all()
+
+
+@pytest.mark.parametrize("name", ["layernorm", "swish_layernorm", "add_layernorm"])
+def test_large_offset_gradients(name, device):
+    op = OPS[name]
+    tensors = make_inputs(op, (8, 256), torch.float32, device, offset=1e3)
+    leaves = [t.clone().requires_grad_(True) for t in tensors]
+    grads = [randn((8, 256), torch.float32, device) for _ in op.outputs]
+    actual = torch.autograd.grad(_tuple(op.op(*leaves)), leaves, grads)
+    l64 = upcast(tensors, requires_grad=True)
+    expected = torch.autograd.grad(op.reference(*l64), l64, [g.double() for g in grads])
+    scales = grad_scales(op, upcast(tensors), [g.double() for g in grads])
+    for a, e, s in zip(actual, expected, scales):
+        assert_matches_reference(a, e, torch.float32, scale=s * 1e3)
+
+
+# ---------------------------------------------------------------------------------
+# Gradients
+# ---------------------------------------------------------------------------------
+
+GRAD_SHAPES = [(1, 1), (4, 1), (0, 16), (5, 33), (2, 3, 130), (16, 1000)]
+
+
+@pytest.mark.parametrize("api", ["op", "functional"])
+@pytest.mark.parametrize("shape", GRAD_SHAPES, ids=str)
+@pytest.mark.parametrize("name,params", GRAD_PARAM_CASES, ids=_ids(GRAD_PARAM_CASES))
+def test_gradient_matches_float64_autograd(name, params, shape, api, device, dtype):
+    op = OPS[name]
+    tensors = make_inputs(op, shape, dtype, device, params=params != "no_params", bias=params == "params")
+    check_gradients(op, tensors, dtype, op.op if api == "op" else op.functional)
+
+
+@pytest.mark.parametrize("which", ["hidden", "y"])
+@pytest.mark.parametrize("name", ["add_layernorm", "add_rmsnorm"])
+def test_gradient_through_one_output(name, which, device, dtype):
+    # Only one of (hidden, y) reaches the loss: the other's gradient is implicitly zero.
+    op = OPS[name]
+    tensors = make_inputs(op, (6, 40), dtype, device)
+    leaves = [t.clone().requires_grad_(True) for t in tensors]
+    k = op.outputs.index(which)
+    g = randn((6, 40), dtype, device)
+    actual = torch.autograd.grad(op.op(*leaves)[k], leaves, g, allow_unused=True)
+    l64 = upcast(tensors, requires_grad=True)
+    expected = torch.autograd.grad(op.reference(*l64)[k], l64, g.double(), allow_unused=True)
+    grads64 = [torch.zeros_like(g, dtype=torch.float64), torch.zeros_like(g, dtype=torch.float64)]
+    grads64[k] = g.double()
+    scales = grad_scales(op, upcast(tensors), grads64)
+    for a, e, s, leaf in zip(actual, expected, scales, leaves):
+        a = torch.zeros_like(leaf) if a is None else a
+        e = torch.zeros_like(leaf, dtype=torch.float64) if e is None else e
+        assert_matches_reference(a, e, dtype, scale=s)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_backward_op_returns_one_gradient_per_input(name, device):
+    op = OPS[name]
+    dtype = torch.float32
+    tensors = make_inputs(op, (3, 20), dtype, device)
+    grads = [randn((3, 20), dtype, device) for _ in op.outputs]
+    result = op.backward_op()(*grads, *tensors)
+    result = _tuple(result)
+    assert len(result) == len(tensors)
+    for r, t in zip(result, tensors):
+        assert r.shape == t.shape and r.dtype == dtype and r.device == t.device
+    if op.params:
+        # A missing optional input gets an empty gradient.
+        without = [t if k < len(op.elems) else None for k, t in enumerate(tensors)]
+        result = _tuple(op.backward_op()(*grads, *without))
+        for r in result[len(op.elems):]:
+            assert r.shape == (0,)
+
+
+# ---------------------------------------------------------------------------------
+# Layouts: non-contiguous and misaligned arguments
+# ---------------------------------------------------------------------------------
+
+R, N = 12, 37
+
+
+def _layout(kind, dtype, device):
+    if kind == "transposed":
+        return randn((N, R), dtype, device).t()
+    if kind == "sliced_step":
+        return randn((R, 2 * N), dtype, device)[:, ::2]
+    if kind == "storage_offset":  # contiguous, not 16-byte aligned
+        return randn((R * N + 8,), dtype, device)[1:1 + R * N].view(R, N)
+    if kind == "offset_rows":
+        return randn((R + 1, N + 3), dtype, device)[1:, 3:]
+    raise AssertionError(kind)
+
+
+LAYOUTS = ["transposed", "sliced_step", "storage_offset", "offset_rows"]
+
+
+def _layout_inputs(op, layout, dtype, device):
+    tensors = make_inputs(op, (R, N), dtype, device)
+    tensors[0] = _layout(layout, dtype, device)
+    if len(op.elems) == 2:
+        tensors[1] = _layout(layout, dtype, device)
+    for k in range(len(op.elems), len(tensors)):  # non-contiguous parameters
+        w2 = randn((2 * N,), dtype, device, offset=1.0 if k == len(op.elems) else 0.0)
+        tensors[k] = w2[::2] if layout != "storage_offset" else w2[1:1 + N]
+    if layout != "storage_offset":
+        assert not tensors[0].is_contiguous()
+    return tensors
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("name", ALL)
+def test_non_contiguous_inputs(name, layout, device, dtype):
+    op = OPS[name]
+    check_values(op, _layout_inputs(op, layout, dtype, device), dtype)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("name", ALL)
+def test_gradient_of_non_contiguous_inputs(name, layout, device):
+    op = OPS[name]
+    tensors = _layout_inputs(op, layout, torch.float32, device)
+    check_gradients(op, tensors, torch.float32, op.functional)
+
+
+def test_non_contiguous_gradient_argument(device):
+    op = OPS["layernorm"]
+    x, w, b = make_inputs(op, (R, N), torch.float32, device)
+    g = randn((N, R), torch.float32, device).t()
+    result = torch.ops.avo.layernorm_backward(g, x, w, b)
+    l64 = upcast([x, w, b], requires_grad=True)
+    expected = torch.autograd.grad(op.reference(*l64), l64, g.double())
+    scales = grad_scales(op, upcast([x, w, b]), [g.double()])
+    for a, e, s in zip(result, expected, scales):
+        assert_matches_reference(a, e, torch.float32, scale=s)
+
+
+# ---------------------------------------------------------------------------------
+# Determinism of the parameter gradients (the column pass: no float atomics)
+# ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NORMS)
+def test_parameter_gradients_are_deterministic(name, device, dtype):
+    op = OPS[name]
+    shape = (3000, 64)
+    tensors = make_inputs(op, shape, dtype, device)
+    grads = [randn(shape, dtype, device) for _ in op.outputs]
+    first = op.backward_op()(*grads, *tensors)
+    for _ in range(2):
+        again = op.backward_op()(*grads, *tensors)
+        for a, b in zip(first, again):
+            assert torch.equal(a, b)
+    # Through autograd as well.
+    runs = []
+    for _ in range(2):
+        leaves = [t.clone().requires_grad_(True) for t in tensors]
+        runs.append(torch.autograd.grad(_tuple(op.op(*leaves)), leaves[len(op.elems):], grads))
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+    # ... and correct.
+    l64 = upcast(tensors, requires_grad=True)
+    expected = torch.autograd.grad(op.reference(*l64), l64, [g.double() for g in grads])
+    scales = grad_scales(op, upcast(tensors), [g.double() for g in grads])
+    for a, e, s in zip(first[len(op.elems):], expected[len(op.elems):], scales[len(op.elems):]):
+        assert_matches_reference(a, e, dtype, scale=s)
+
+
+# ---------------------------------------------------------------------------------
+# torch.library.opcheck and torch.compile
+# ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,params", PARAM_CASES, ids=_ids(PARAM_CASES))
+def test_opcheck(name, params, device):
+    op = OPS[name]
+    tensors = make_inputs(op, (6, 33), torch.float32, device, params=params == "params")
+    forward_args = [None if t is None else t.clone().requires_grad_(True) for t in tensors]
+    torch.library.opcheck(getattr(torch.ops.avo, name).default, tuple(forward_args))
+    grads = [randn((6, 33), torch.float32, device) for _ in op.outputs]
+    torch.library.opcheck(op.backward_op().default, (*grads, *tensors))
+
+
+def _block(x, residual, w, b, w_rms):
+    y = torch.ops.avo.layernorm(x, w, b)
+    y = avo_ops.rmsnorm(y, w_rms)
+    hidden, z = torch.ops.avo.add_rmsnorm(y, residual, w_rms)
+    return torch.ops.avo.softmax(z) + hidden
+
+
+def _reference_block(x, residual, w, b, w_rms):
+    y = _rms(_ln(x, w, b), w_rms)
+    hidden = y + residual
+    return torch.softmax(_rms(hidden, w_rms), -1) + hidden
+
+
+def test_torch_compile_fullgraph_forward_and_backward(device):
+    torch._dynamo.reset()
+    compiled = torch.compile(_block, fullgraph=True)
+    shape = (16, 48)
+    args = [randn(shape, torch.float32, device), randn(shape, torch.float32, device),
+            randn((48,), torch.float32, device, offset=1.0, std=0.5), randn((48,), torch.float32, device),
+            randn((48,), torch.float32, device, offset=1.0, std=0.5)]
+    leaves = [a.clone().requires_grad_(True) for a in args]
+    grad_out = randn(shape, torch.float32, device)
+    out = compiled(*leaves)
+    grads = torch.autograd.grad(out, leaves, grad_out)
+
+    l64 = upcast(args, requires_grad=True)
+    out64 = _reference_block(*l64)
+    expected = torch.autograd.grad(out64, l64, grad_out.double())
+    assert_matches_reference(out, out64, torch.float32, scale=_max(out64))
+    # A chain of three normalizations: the terms grow with each rstd and weight.
+    scale = _max(grad_out) * 50
+    for a, e, leaf in zip(grads, expected, leaves):
+        rows = shape[0] if leaf.dim() == 1 else 1
+        assert_matches_reference(a, e, torch.float32, scale=scale * rows)
+    # Same result as eager, bit for bit, in float32 (the compiled graph calls the same kernels).
+    torch.testing.assert_close(out, _block(*args), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------
+# Argument errors: each names the op and the argument
+# ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", ["op", "functional"])
+@pytest.mark.parametrize("name", ALL)
+def test_unsupported_dtype_is_rejected(name, api, device):
+    op = OPS[name]
+    call = op.op if api == "op" else op.functional
+    tensors = make_inputs(op, (3, 8), torch.float32, device)
+    bad = [tensors[0].double(), *tensors[1:]]
+    supported = r"; supported dtypes are float32, float16 and bfloat16"
+    with pytest.raises(TypeError, match=rf"avo::{name}: argument 'x' has dtype \w+{supported}"):
+        call(*bad)
+    with pytest.raises(TypeError, match=rf"avo::{name}: argument 'x' has dtype \w+{supported}"):
+        call(torch.ones(3, 8, dtype=torch.int32, device=device), *tensors[1:])
+    if op.params:  # a parameter of an unsupported dtype is named too
+        bad = [t.double() if k == len(op.elems) else t for k, t in enumerate(tensors)]
+        with pytest.raises(TypeError, match=rf"avo::{name}: argument 'weight' has dtype \w+{supported}"):
+            call(*bad)
+
+
+@pytest.mark.parametrize("name", ["layernorm", "add_rmsnorm"])
+def test_unsupported_dtype_is_named_like_torch_names_it(name, device):
+    # The message names the dtype as torch does (float64, int32), in eager mode as under
+    # FakeTensorMode (whose check is in Python), so a traced program fails like an eager one.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = OPS[name]
+    for bad_dtype, text in [(torch.float64, "float64"), (torch.int32, "int32")]:
+        expected = rf"avo::{name}: argument 'x' has dtype {text}; supported dtypes are float32, float16 and bfloat16"
+        with FakeTensorMode():
+            args = [torch.ones(3, 8, dtype=bad_dtype), *(torch.ones(3, 8) for _ in op.elems[1:])]
+            with pytest.raises(TypeError, match=expected):
+                op.op(*args)
+        args = [torch.ones(3, 8, dtype=bad_dtype, device=device), *(torch.ones(3, 8, device=device)
+                                                                   for _ in op.elems[1:])]
+        with pytest.raises(TypeError, match=expected):
+            op.op(*args)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_mixed_dtypes_are_rejected(name, device):
+    op = OPS[name]
+    tensors = make_inputs(op, (3, 8), torch.float32, device)
+    if len(tensors) == 1:  # one tensor input: mix in the backward op's gradient
+        with pytest.raises(TypeError, match=rf"avo::{name}_backward: argument 'x' has dtype float16 but "
+                                            r"'grad_y' has dtype float32"):
+            op.backward_op()(torch.randn(3, 8, device=device), tensors[0].half())
+        return
+    last = len(tensors) - 1
+    arg = op.elems[1] if len(op.elems) == 2 else op.params[-1]
+    bad = [t.half() if k == (1 if len(op.elems) == 2 else last) else t for k, t in enumerate(tensors)]
+    with pytest.raises(TypeError, match=rf"avo::{name}: argument '{arg}' has dtype float16 but 'x' has dtype "
+                                        r"float32; all tensor arguments must share one dtype"):
+        op.op(*bad)
+    bad = [t.bfloat16() if k == len(op.elems) else t for k, t in enumerate(tensors)]
+    with pytest.raises(TypeError, match=rf"avo::{name}: argument 'weight' has dtype bfloat16 but 'x' has dtype "
+                                        r"float32"):
+        op.functional(*bad)
+
+
+@pytest.mark.parametrize("name", NORMS)
+def test_wrong_parameter_shape_is_rejected(name, device):
+    op = OPS[name]
+    tensors = make_inputs(op, (3, 8), torch.float32, device)
+    for k, pname in enumerate(op.params, start=len(op.elems)):
+        for shape, text in [((7,), r"\[7\]"), ((1, 8), r"\[1, 8\]"), ((), r"\[\]")]:
+            bad = list(tensors)
+            bad[k] = torch.ones(shape, device=device)
+            with pytest.raises(RuntimeError, match=rf"avo::{name}: argument '{pname}' must have shape \[8\] \(the "
+                                                   rf"last dimension of 'x'\), got {text}"):
+                op.op(*bad)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_zero_dim_input_is_rejected(name, device):
+    op = OPS[name]
+    tensors = [torch.tensor(1.0, device=device) for _ in op.elems]
+    with pytest.raises(RuntimeError, match=rf"avo::{name}: argument 'x' must have at least one dimension"):
+        op.op(*tensors)
+
+
+@pytest.mark.parametrize("name", ["add_layernorm", "add_rmsnorm"])
+def test_residual_shape_mismatch_is_rejected(name, device):
+    op = OPS[name]
+    x = torch.randn(3, 8, device=device)
+    for shape, text in [((3, 7), r"\[3, 7\]"), ((1, 8), r"\[1, 8\]"), ((2, 3, 8), r"\[2, 3, 8\]")]:
+        with pytest.raises(RuntimeError, match=rf"avo::{name}: argument 'residual' has shape {text} but 'x' has "
+                                               r"shape \[3, 8\]; they must match"):
+            op.op(x, torch.randn(shape, device=device))
+
+
+@needs_cuda
+def test_tensors_on_different_devices_are_rejected():
+    with pytest.raises(RuntimeError, match=r"avo::layernorm: argument 'weight' is on cpu but 'x' is on cuda"):
+        torch.ops.avo.layernorm(torch.randn(3, 8, device="cuda"), torch.randn(8))
+
+
+def test_errors_under_fake_tensors_match_eager():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.randn(3, 8)
+        with pytest.raises(RuntimeError, match=r"avo::layernorm: argument 'weight' must have shape \[8\] \(the "
+                                               r"last dimension of 'x'\), got \[7\]"):
+            torch.ops.avo.layernorm(x, torch.ones(7))
+        with pytest.raises(TypeError, match=r"avo::rmsnorm: argument 'x' has dtype float64; supported dtypes"):
+            torch.ops.avo.rmsnorm(x.double())
+        with pytest.raises(RuntimeError, match=r"avo::add_rmsnorm: argument 'residual' has shape \[3, 7\] but 'x' "
+                                               r"has shape \[3, 8\]; they must match"):
+            torch.ops.avo.add_rmsnorm(x, torch.randn(3, 7))
+        with pytest.raises(RuntimeError, match=r"avo::softmax: argument 'x' must have at least one dimension"):
+            torch.ops.avo.softmax(torch.tensor(1.0))
+        hidden, y = torch.ops.avo.add_layernorm(x, x, torch.ones(8), None)
+        assert hidden.shape == y.shape == (3, 8)
+
+
+@needs_cuda
+def test_cuda_runs_on_the_current_stream():
+    stream = torch.cuda.Stream()
+    x = randn((4096, 1024), torch.float32, "cuda")
+    with torch.cuda.stream(stream):
+        y = torch.ops.avo.layernorm(x)
+    stream.synchronize()
+    assert_matches_reference(y, _ln(x.double(), None, None), torch.float32, scale=_max(y))
