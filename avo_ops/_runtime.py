@@ -74,16 +74,22 @@ def _check_same(op: str, present: list[tuple[str, torch.Tensor]]) -> None:
             )
 
 
-def row_fake(op: str, inputs: Mapping[str, tuple[torch.Tensor | None, str]], outputs: Sequence[tuple[str, bool]]):
+def row_fake(op: str, inputs: Mapping[str, tuple[torch.Tensor | None, str]], outputs: Sequence[tuple[str, bool]],
+             channels_first: bool = False):
     """Outputs of a row op (reductions over the last dimension N): per element like the
     first per-element input, per row without its last dimension, per column [N]; an
-    output nobody asked for (the gradient of a missing input) is empty."""
+    output nobody asked for (the gradient of a missing input) is empty. A channel op
+    ([B, C, *S]) has per-channel [C] tensors instead."""
     present = [(name, t) for name, (t, _) in inputs.items() if t is not None]
     _check_same(op, present)
     ref_name, ref = next((name, t) for name, (t, domain) in inputs.items() if t is not None and domain == "elem")
     if ref.dim() < 1:
         raise RuntimeError(f"{op}: argument '{ref_name}' must have at least one dimension")
+    if channels_first and ref.dim() < 2:
+        raise RuntimeError(f"{op}: argument '{ref_name}' must have at least two dimensions (batch, channel, "
+                           f"spatial...), got {list(ref.shape)}")
     length = ref.shape[-1]
+    channels = ref.shape[1] if channels_first else 0
     for name, (t, domain) in inputs.items():
         if t is None:
             continue
@@ -93,10 +99,13 @@ def row_fake(op: str, inputs: Mapping[str, tuple[torch.Tensor | None, str]], out
         if domain == "col" and (t.dim() != 1 or t.shape[0] != length):
             raise RuntimeError(f"{op}: argument '{name}' must have shape [{length}] (the last dimension of "
                                f"'{ref_name}'), got {list(t.shape)}")
+        if domain == "chan" and (t.dim() != 1 or t.shape[0] != channels):
+            raise RuntimeError(f"{op}: argument '{name}' must have shape [{channels}] (the channels of "
+                               f"'{ref_name}'), got {list(t.shape)}")
         if domain == "row" and t.shape != ref.shape[:-1]:
             raise RuntimeError(f"{op}: argument '{name}' must have the shape of '{ref_name}' without its last "
                                f"dimension, got {list(t.shape)}")
-    shapes = {"elem": ref.shape, "row": ref.shape[:-1], "col": (length,)}
+    shapes = {"elem": ref.shape, "row": ref.shape[:-1], "col": (length,), "chan": (channels,)}
     result = tuple(ref.new_empty(shapes[domain] if wanted else (0,)) for domain, wanted in outputs)
     return result[0] if len(result) == 1 else result
 

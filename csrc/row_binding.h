@@ -18,8 +18,9 @@
 
 namespace avo::binding {
 
-// Where a tensor of a row op varies: per element [..., N], per column [N], per row [...].
-enum class Domain { Elem, Col, Row };
+// Where a tensor of a row op varies: per element [..., N], per column [N], per row [...];
+// in a channel op, per element [B, C, *S] and per channel [C].
+enum class Domain { Elem, Col, Row, Channel };
 
 struct RowInput {
   const char* name;
@@ -35,6 +36,9 @@ struct RowCall {
   at::Tensor saved, partials;                // workspace of the backward's column pass
   DType dtype = DType::Float32;
   at::Device device = at::kCPU;
+  std::array<Domain, NumOutputs> output_domains{};
+  std::array<bool, NumOutputs> wanted{};
+  int64_t batch = 0, channels = 0;  // channel ops
 };
 
 // Rows per chunk of the column pass: at most kMaxChunks chunks, fixed by the row count
@@ -45,8 +49,10 @@ template <int NumInputs, int NumOutputs>
 RowCall<NumInputs, NumOutputs> prepare_rows(const char* op, const std::array<RowInput, NumInputs>& inputs,
                                             const std::array<Domain, NumOutputs>& output_domains,
                                             const std::array<bool, NumOutputs>& wanted, int column_sums,
-                                            int saved_per_row) {
+                                            int saved_per_row, bool channels_first = false) {
   RowCall<NumInputs, NumOutputs> call;
+  call.output_domains = output_domains;
+  call.wanted = wanted;
   const RowInput* first = nullptr;
   const RowInput* reference = nullptr;  // the first per-element input: it defines rows and N
   for (const RowInput& in : inputs) {
@@ -68,8 +74,18 @@ RowCall<NumInputs, NumOutputs> prepare_rows(const char* op, const std::array<Row
   TORCH_INTERNAL_ASSERT(reference != nullptr);
   const at::Tensor& x = *reference->tensor;
   TORCH_CHECK(x.dim() >= 1, op, ": argument '", reference->name, "' must have at least one dimension");
-  const int64_t length = x.size(-1);
-  const auto lead = x.sizes().slice(0, x.dim() - 1);
+  if (channels_first) {
+    TORCH_CHECK(x.dim() >= 2, op, ": argument '", reference->name,
+                "' must have at least two dimensions (batch, channel, spatial...), got ", shape_text(x));
+    call.batch = x.size(0);
+    call.channels = x.size(1);
+  }
+  // Rows are everything but the reduced dimensions: the last one, or for a channel op
+  // everything after (batch, channel).
+  const int64_t kept = channels_first ? 2 : x.dim() - 1;
+  int64_t length = 1;
+  for (int64_t d = kept; d < x.dim(); ++d) length *= x.size(d);
+  const auto lead = x.sizes().slice(0, kept);
   for (int k = 0; k < NumInputs; ++k) {
     const RowInput& in = inputs[k];
     if (in.tensor == nullptr) continue;
@@ -77,6 +93,9 @@ RowCall<NumInputs, NumOutputs> prepare_rows(const char* op, const std::array<Row
     if (in.domain == Domain::Elem) {
       TORCH_CHECK(t.sizes() == x.sizes(), op, ": argument '", in.name, "' has shape ", shape_text(t), " but '",
                   reference->name, "' has shape ", shape_text(x), "; they must match");
+    } else if (in.domain == Domain::Channel) {
+      TORCH_CHECK(t.dim() == 1 && t.size(0) == call.channels, op, ": argument '", in.name, "' must have shape [",
+                  call.channels, "] (the channels of '", reference->name, "'), got ", shape_text(t));
     } else if (in.domain == Domain::Col) {
       TORCH_CHECK(t.dim() == 1 && t.size(0) == length, op, ": argument '", in.name, "' must have shape [",
                   length, "] (the last dimension of '", reference->name, "'), got ", shape_text(t));
@@ -97,12 +116,15 @@ RowCall<NumInputs, NumOutputs> prepare_rows(const char* op, const std::array<Row
     if (output_domains[k] == Domain::Elem) call.outputs[k] = at::empty(x.sizes(), options);
     if (output_domains[k] == Domain::Row) call.outputs[k] = at::empty(lead, options);
     if (output_domains[k] == Domain::Col) call.outputs[k] = at::empty({length}, options);
+    // Per-channel results are first one fp32 value per row; finish_channel_outputs sums the batch.
+    if (output_domains[k] == Domain::Channel) call.outputs[k] = at::empty(lead, options.dtype(at::kFloat));
     call.args.outputs[k] = call.outputs[k].data_ptr();
   }
   int64_t rows = 1;
   for (int64_t s : lead) rows *= s;
   call.args.rows = rows;
   call.args.length = length;
+  call.args.channels = call.channels;
 
   bool column_outputs = false;
   for (int k = 0; k < NumOutputs; ++k) column_outputs |= wanted[k] && output_domains[k] == Domain::Col;
@@ -124,6 +146,17 @@ RowCall<NumInputs, NumOutputs> prepare_rows(const char* op, const std::array<Row
     }
   }
   return call;
+}
+
+// Per-channel outputs (gradients of [C] parameters): the per-row fp32 values summed over
+// the batch, in the parameters' dtype. Runs after the kernels, on the same stream.
+template <int NumInputs, int NumOutputs>
+void finish_channel_outputs(RowCall<NumInputs, NumOutputs>& call, at::ScalarType dtype) {
+  for (int k = 0; k < NumOutputs; ++k) {
+    if (call.wanted[k] && call.output_domains[k] == Domain::Channel) {
+      call.outputs[k] = call.outputs[k].view({call.batch, call.channels}).sum(0).to(dtype);
+    }
+  }
 }
 
 // Rows per CPU task: about kGrainElements elements of work each.

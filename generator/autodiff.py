@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .errors import SpecError
 from .ir import (Graph, Node, base_env, colsum, const, lower_forward, lower_gradient_override, make,
-                 named_dims, reduce, shape_domain, tensor, topological_order)
+                 reduce, reduced_dim, shape_domain, tensor, topological_order)
 from .model import OpSpec
 
 TWO_OVER_SQRT_PI = 1.1283791670955126
@@ -103,7 +103,7 @@ def _reduced_to(contribution: Node, target: Node, row_dim: str | None) -> Node:
 def differentiate(forward: Graph) -> dict[str, Node]:
     """d(loss)/d(input) for every tensor input of `forward`'s spec."""
     spec = forward.spec
-    row_dim = next(iter(sorted(named_dims(spec))), None)
+    row_dim = reduced_dim(spec)
     outputs = {o.name: o for o in spec.outputs}
     adjoints: dict[int, Node] = {}
     for output, root in forward.results.items():

@@ -133,7 +133,7 @@ def emit_registration(schedules: list[OpSchedule], namespace: str = "avo") -> st
 # ---------------------------------------------------------------------------------
 
 DOMAIN_ENUM = {"elem": "avo::binding::Domain::Elem", "col": "avo::binding::Domain::Col",
-               "row": "avo::binding::Domain::Row"}
+               "row": "avo::binding::Domain::Row", "chan": "avo::binding::Domain::Channel"}
 
 
 def _row_impl(kernel, device: str, spec_inputs) -> list[str]:
@@ -151,8 +151,9 @@ def _row_impl(kernel, device: str, spec_inputs) -> list[str]:
     else:  # the gradient of a missing optional input is not computed
         wanted = ", ".join(f"{i.name}.has_value()" if i.optional else "true" for i in spec_inputs)
     n_in, n_out = len(kernel.inputs), len(kernel.outputs)
+    channel_op = any(i.domain == "chan" for i in spec_inputs) or "*" in "".join(kernel.op.inputs[0].shape)
     lines.append(f'  auto call = avo::binding::prepare_rows<{n_in}, {n_out}>("{op}", {{{{{named}}}}}, {{{{{domains}}}}}, '
-                 f"{{{{{wanted}}}}}, kColumnSums, kSavedPerRow);")
+                 f"{{{{{wanted}}}}}, kColumnSums, kSavedPerRow{', /*channels_first=*/true' if channel_op else ''});")
     extra = _launch_args(kernel)
     extra = f", {extra}" if extra else ""
     lines.append("  const auto& args = call.args;")
@@ -171,6 +172,8 @@ def _row_impl(kernel, device: str, spec_inputs) -> list[str]:
         lines += ["  const c10::cuda::CUDAGuard device_guard(call.device);",
                   f"  {kernel.role}_cuda(call.dtype, args{extra}, c10::cuda::getCurrentCUDAStream());",
                   "  C10_CUDA_KERNEL_LAUNCH_CHECK();"]
+    if any(o.domain == "chan" for o in kernel.outputs):
+        lines.append(f"  avo::binding::finish_channel_outputs(call, {kernel.inputs[0].name}.scalar_type());")
     lines += ["  return avo::binding::returned(call.outputs);", "}", ""]
     return lines
 

@@ -44,7 +44,8 @@ def _fake(kernel: MapKernel) -> list[str]:
         else:  # no gradient for a missing optional input
             outputs = ", ".join(f'("{o.domain}", {i.name} is not None)' if i.optional else f'("{o.domain}", True)'
                                 for o, i in zip(kernel.outputs, kernel.op.inputs))
-        lines += [f'    return _runtime.row_fake("{op}", {{{named}}}, [{outputs}])', "", ""]
+        channels = ", channels_first=True" if any("*" in d for d in kernel.op.inputs[0].shape) else ""
+        lines += [f'    return _runtime.row_fake("{op}", {{{named}}}, [{outputs}]{channels})', "", ""]
         return lines
     named = ", ".join(f'"{i.name}": {i.name}' for i in kernel.inputs)
     lines += [f'    return _runtime.map_fake("{op}", {{{named}}}, {len(kernel.outputs)})', "", ""]

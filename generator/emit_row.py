@@ -138,7 +138,7 @@ class RowProgram:
         """Declarations of the per-element and per-column inputs these nodes read."""
         lines, seen = [], set()
         for node in nodes:
-            if node.op != "input" or node.value in seen or self.domains[node.value] == "row":
+            if node.op != "input" or node.value in seen or self.domains[node.value] in ("row", "chan"):
                 continue
             seen.add(node.value)
             k = self.input_index[node.value]
@@ -199,12 +199,12 @@ class RowProgram:
 
     def apply_lines(self) -> list[str]:
         lines = ["[[maybe_unused]] const float length = float(row.length());"]
+        leaves = {n.value: n for n in topological_order(self.results.values()) if n.op == "input"}
         for k, i in enumerate(self.kernel.inputs):
-            if i.domain == "row" and any(n.op == "input" and n.value == i.name
-                                         for n in topological_order(self.results.values())):
-                lines.append(f"const float {i.name} = row.load_row({k}, {float_literal(i.default or 0.0)});")
-                self.known[id(next(n for n in topological_order(self.results.values())
-                                    if n.op == "input" and n.value == i.name))] = i.name
+            if i.domain in ("row", "chan") and i.name in leaves:
+                load = "load_row" if i.domain == "row" else "load_channel"
+                lines.append(f"const float {i.name} = row.{load}({k}, {float_literal(i.default or 0.0)});")
+                self.known[id(leaves[i.name])] = i.name
         for stage in self.levels():
             lines += self._hoist([r.args[0] for r in stage])
             for r in stage:
@@ -215,12 +215,15 @@ class RowProgram:
                 self.known[id(r)] = name
         outputs = list(self.kernel.outputs)
         elem = {o.name: self.results[o.name] for o in outputs if o.domain == "elem"}
-        row = {o.name: self.results[o.name] for o in outputs if o.domain == "row"}
+        row = {o.name: self.results[o.name] for o in outputs if o.domain in ("row", "chan")}
+        # A per-channel gradient is stored per row in fp32; the binding sums the batch.
+        store_row = {o.name: "store_row" if o.domain == "row" else "store_row_f32" for o in outputs}
         self.column_sums = {o.name: self.results[o.name] for o in outputs if o.domain == "col"}
         if row:
             lines += self._hoist(list(row.values()))
             for name, node in row.items():
-                lines.append(f"row.store_row({self._output_index(name)}, {self.known.get(id(node)) or self._scalar(node)});")
+                value = self.known.get(id(node)) or self._scalar(node)
+                lines.append(f"row.{store_row[name]}({self._output_index(name)}, {value});")
         if elem:
             lines += self._hoist(list(elem.values()))
             block = self._element_block({f"{name}_value": node for name, node in elem.items()})
@@ -286,7 +289,7 @@ def _describe(kernel: RowKernel) -> str:
     return f"{ins}; {outs}"
 
 
-_WORD = {"elem": "element", "col": "column", "row": "row"}
+_WORD = {"elem": "element", "col": "column", "row": "row", "chan": "channel"}
 
 
 def emit_row_header(s: OpSchedule) -> str:

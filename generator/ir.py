@@ -290,7 +290,7 @@ class _Lowering:
         self.specialization = specialization
         self.env = env
         self.string_attrs = {a.name: a for a in spec.attrs if a.type == "str"}
-        self.dims = named_dims(spec)
+        self.dims = {reduced_dim(spec)} - {None}
 
     def lower(self, tree: Syntax, where: Location, context: str) -> Node:
         self.where, self.context = where, context
@@ -376,12 +376,30 @@ class _Lowering:
 
 
 def named_dims(spec: OpSpec) -> set[str]:
-    return {d for item in (*spec.inputs, *spec.outputs) for d in item.shape if d != ELLIPSIS}
+    """The named dimensions of the op's shapes (a group `*S` counts as `S`)."""
+    return {d.lstrip("*") for item in (*spec.inputs, *spec.outputs) for d in item.shape if d != ELLIPSIS}
+
+
+def is_channel_op(spec: OpSpec) -> bool:
+    """An op over [B, C, *S] tensors: rows are (batch, channel) pairs, reduced over S."""
+    return any(item.shape and item.shape[-1].startswith("*") for item in (*spec.inputs, *spec.outputs))
+
+
+def reduced_dim(spec: OpSpec) -> str | None:
+    """The dimension reductions run over: the last one (N, or the group S)."""
+    for item in (*spec.inputs, *spec.outputs):
+        if item.shape and item.shape[-1] != ELLIPSIS:
+            if len(item.shape) > 1 or not is_channel_op(spec):
+                return item.shape[-1].lstrip("*")
+    return None
 
 
 def shape_domain(spec: OpSpec, shape: tuple[str, ...]) -> str:
     """[...] is per element in an elementwise op; with a named dimension N, [..., N] is
-    per element, [N] per column and [...] per row."""
+    per element, [N] per column and [...] per row. In a channel op, [B, C, *S] is per
+    element and [C] is constant along each row (a per-channel parameter)."""
+    if is_channel_op(spec):
+        return "elem" if shape[-1].startswith("*") else "row"
     if not named_dims(spec) or len(shape) == 2:
         return "elem"
     return "row" if shape == (ELLIPSIS,) else "col"

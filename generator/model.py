@@ -143,6 +143,11 @@ def _shape(item: YNode, what: str) -> tuple[str, ...]:
                 raise SpecError(dim.where, f"'...' may only lead the shape of {what}")
             dims.append(ELLIPSIS)
             continue
+        if isinstance(value, str) and value.startswith("*") and _NAME.match(value[1:]):
+            if position != len(item.value) - 1:
+                raise SpecError(dim.where, f"a group of dimensions ('{value}') may only end the shape of {what}")
+            dims.append(value)
+            continue
         if not isinstance(value, str) or not _NAME.match(value):
             raise SpecError(dim.where, f"dimension {value!r} of {what} must be a symbol such as N")
         dims.append(value)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from .autodiff import grad_name, lower_backward
 from .errors import SpecError
-from .ir import Graph, lower_forward, named_dims, shape_domain
+from .ir import Graph, is_channel_op, lower_forward, named_dims, shape_domain
 from .model import ELLIPSIS, OpSpec
 
 CPP_SCALAR_TYPES = {"float": "float", "int": "int64_t", "bool": "bool"}
@@ -143,6 +143,8 @@ def _row_dimension(spec: OpSpec) -> str | None:
     dims = sorted(named_dims(spec))
     if not dims:
         return None
+    if is_channel_op(spec):
+        return _channel_dimensions(spec)
     first = next(item for item in (*spec.inputs, *spec.outputs) if any(d != ELLIPSIS for d in item.shape))
     if len(dims) > 1:
         raise SpecError(first.where, f"an op reduces over one named dimension for now, this one names {', '.join(dims)}")
@@ -158,6 +160,31 @@ def _row_dimension(spec: OpSpec) -> str | None:
     if not any(i.shape == (ELLIPSIS, n) for i in spec.inputs):
         raise SpecError(spec.inputs[0].where, f"a row op needs an input of shape [..., {n}]")
     return n
+
+
+def _channel_dimensions(spec: OpSpec) -> str:
+    """Checks a channel op's shapes: [B, C, *S] per element, [C] per channel."""
+    shaped = next(item for item in (*spec.inputs, *spec.outputs) if item.shape[-1].startswith("*"))
+    if len(shaped.shape) != 3 or ELLIPSIS in shaped.shape:
+        raise SpecError(shaped.where, f"'{shaped.name}' has shape {list(shaped.shape)}; a channel op's tensors are "
+                                      "[B, C, *S] (batch, channel, a group of spatial dimensions)")
+    batch, channel, group = shaped.shape
+    for item in (*spec.inputs, *spec.outputs):
+        if item.shape != shaped.shape and item.shape != (channel,):
+            raise SpecError(item.where, f"'{item.name}' has shape {list(item.shape)}; a channel op takes "
+                                        f"[{batch}, {channel}, {group}] or [{channel}]")
+    for o in spec.outputs:
+        if o.shape != shaped.shape:
+            raise SpecError(o.where, f"output '{o.name}' must have shape [{batch}, {channel}, {group}]")
+    return group.lstrip("*")
+
+
+def kernel_domain(spec: OpSpec, shape: tuple[str, ...]) -> str:
+    """Where a tensor varies, as the kernels and bindings see it: a channel op's [C]
+    parameters are read per channel ('chan'), everything else as in the IR."""
+    if is_channel_op(spec) and not shape[-1].startswith("*"):
+        return "chan"
+    return shape_domain(spec, shape)
 
 
 def schedule(spec: OpSpec, namespace: str = "avo") -> OpSchedule:
@@ -187,10 +214,15 @@ def _schedule_rows(spec: OpSpec, namespace: str, variants) -> OpSchedule:
                                          "varies along the reduced dimension; reduce it or give it that dimension")
     backward_graphs = tuple((s, lower_backward(spec, s.as_dict)) for s in variants)
     scalars = tuple((a.name, CPP_SCALAR_TYPES[a.type]) for a in spec.attrs if a.type != "str")
-    inputs = tuple(KernelInput(i.name, i.optional, i.default, shape_domain(spec, i.shape)) for i in spec.inputs)
-    outputs = tuple(KernelOutput(o.name, shape_domain(spec, o.shape)) for o in spec.outputs)
+    inputs = tuple(KernelInput(i.name, i.optional, i.default, kernel_domain(spec, i.shape)) for i in spec.inputs)
+    outputs = tuple(KernelOutput(o.name, kernel_domain(spec, o.shape)) for o in spec.outputs)
     forward = RowKernel(spec, "forward", inputs, outputs, scalars, forward_graphs, namespace)
     grad_inputs = tuple(KernelInput(grad_name(o.name), False, None, o.domain) for o in outputs)
     grad_outputs = tuple(KernelOutput(grad_name(i.name), i.domain) for i in inputs)
     backward = RowKernel(spec, "backward", grad_inputs + inputs, grad_outputs, scalars, backward_graphs, namespace)
     return OpSchedule(spec, "row", variants, forward, backward)
+
+
+def channels_first(kernel) -> bool:
+    """True for the kernels of a channel op ([B, C, *S] tensors)."""
+    return is_channel_op(kernel.op)

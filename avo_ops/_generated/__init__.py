@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from .add_layernorm import AddLayernormFunction, add_layernorm
 from .add_rmsnorm import AddRmsnormFunction, add_rmsnorm
+from .channel_norm import ChannelNormFunction, channel_norm
 from .gelu import GeluFunction, gelu
 from .layernorm import LayernormFunction, layernorm
 from .log_softmax import LogSoftmaxFunction, log_softmax
@@ -14,6 +15,6 @@ from .softmax import SoftmaxFunction, softmax
 from .swish_layernorm import SwishLayernormFunction, swish_layernorm
 
 # Every op: its name in torch.ops.avo and its spec.
-OPS = {"add_layernorm": "specs/add_layernorm.yaml", "add_rmsnorm": "specs/add_rmsnorm.yaml", "gelu": "specs/gelu.yaml", "layernorm": "specs/layernorm.yaml", "log_softmax": "specs/log_softmax.yaml", "rmsnorm": "specs/rmsnorm.yaml", "silu": "specs/silu.yaml", "softmax": "specs/softmax.yaml", "swish_layernorm": "specs/swish_layernorm.yaml"}
+OPS = {"add_layernorm": "specs/add_layernorm.yaml", "add_rmsnorm": "specs/add_rmsnorm.yaml", "channel_norm": "specs/channel_norm.yaml", "gelu": "specs/gelu.yaml", "layernorm": "specs/layernorm.yaml", "log_softmax": "specs/log_softmax.yaml", "rmsnorm": "specs/rmsnorm.yaml", "silu": "specs/silu.yaml", "softmax": "specs/softmax.yaml", "swish_layernorm": "specs/swish_layernorm.yaml"}
 
-__all__ = ["OPS", "add_layernorm", "AddLayernormFunction", "add_rmsnorm", "AddRmsnormFunction", "gelu", "GeluFunction", "layernorm", "LayernormFunction", "log_softmax", "LogSoftmaxFunction", "rmsnorm", "RmsnormFunction", "silu", "SiluFunction", "softmax", "SoftmaxFunction", "swish_layernorm", "SwishLayernormFunction"]
+__all__ = ["OPS", "add_layernorm", "AddLayernormFunction", "add_rmsnorm", "AddRmsnormFunction", "channel_norm", "ChannelNormFunction", "gelu", "GeluFunction", "layernorm", "LayernormFunction", "log_softmax", "LogSoftmaxFunction", "rmsnorm", "RmsnormFunction", "silu", "SiluFunction", "softmax", "SoftmaxFunction", "swish_layernorm", "SwishLayernormFunction"]

@@ -11,6 +11,9 @@ TORCH_LIBRARY(avo, m) {
   // specs/add_rmsnorm.yaml
   m.def("add_rmsnorm(Tensor x, Tensor residual, Tensor? weight=None, float eps=1e-06) -> (Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
   m.def("add_rmsnorm_backward(Tensor grad_hidden, Tensor grad_y, Tensor x, Tensor residual, Tensor? weight=None, float eps=1e-06) -> (Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
+  // specs/channel_norm.yaml
+  m.def("channel_norm(Tensor x, Tensor? gamma=None, Tensor? beta=None, float eps=1e-05, bool swish=False) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("channel_norm_backward(Tensor grad_y, Tensor x, Tensor? gamma=None, Tensor? beta=None, float eps=1e-05, bool swish=False) -> (Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
   // specs/gelu.yaml
   m.def("gelu(Tensor x, str approximate=\"none\") -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("gelu_backward(Tensor grad_y, Tensor x, str approximate=\"none\") -> Tensor", {at::Tag::pt2_compliant_tag});

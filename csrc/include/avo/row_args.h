@@ -20,6 +20,7 @@ struct RowArgs {
   void* outputs[NumOutputs];
   int64_t rows;
   int64_t length;
+  int64_t channels;  // channel ops ([B, C, *S]): C, and row r is channel r % C; else 0
   // Backward only: per-row values the column pass reads ([rows, saved_per_row]), and the
   // column pass's fp32 partial sums ([column sums, chunks, length]) over `chunks` groups
   // of `rows_per_chunk` rows; summed in a fixed order, so the result is deterministic.
@@ -53,6 +54,11 @@ struct RowView {
   AVO_HOST_DEVICE float load_row(int k, float missing) const {
     const T* p = static_cast<const T*>(args.inputs[k]);
     return p != nullptr ? Element<T>::to_float(p[r]) : missing;
+  }
+  // The value of per-channel input k for this row's channel, or `missing` when absent.
+  AVO_HOST_DEVICE float load_channel(int k, float missing) const {
+    const T* p = static_cast<const T*>(args.inputs[k]);
+    return p != nullptr ? Element<T>::to_float(p[r % args.channels]) : missing;
   }
   AVO_HOST_DEVICE void store(int k, int64_t n, float value) const {
     static_cast<T*>(args.outputs[k])[r * args.length + n] = Element<T>::from_float(value);

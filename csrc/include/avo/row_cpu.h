@@ -39,6 +39,10 @@ struct SerialRow : RowView<T, Args> {
     for (int64_t n = 0; n < args.length; ++n) body(n);
   }
   void store_row(int k, float value) const { static_cast<T*>(args.outputs[k])[r] = Element<T>::from_float(value); }
+  // A per-row value kept in fp32 (output k is a float buffer of one value per row).
+  void store_row_f32(int k, float value) const {
+    if (args.outputs[k] != nullptr) static_cast<float*>(args.outputs[k])[r] = value;
+  }
   void save(int j, float value) const {
     if (args.saved != nullptr) args.saved[r * args.saved_per_row + j] = value;
   }

@@ -60,6 +60,10 @@ struct BlockRow : RowView<T, Args> {
   __device__ void store_row(int k, float value) const {
     if (threadIdx.x == 0) static_cast<T*>(args.outputs[k])[r] = Element<T>::from_float(value);
   }
+  // A per-row value kept in fp32 (output k is a float buffer of one value per row).
+  __device__ void store_row_f32(int k, float value) const {
+    if (threadIdx.x == 0 && args.outputs[k] != nullptr) static_cast<float*>(args.outputs[k])[r] = value;
+  }
   __device__ void save(int j, float value) const {
     if (threadIdx.x == 0 && args.saved != nullptr) args.saved[r * args.saved_per_row + j] = value;
   }

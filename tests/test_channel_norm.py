@@ -1,0 +1,125 @@
+"""avo::channel_norm against float64 torch: statistics over the spatial dimensions of each
+(batch, channel), a per-channel affine and an optional swish first. Tolerances as in
+test_norms.py: conftest's per-dtype ones, plus an absolute part that scales with the
+terms a gradient is summed from (16 fp32 eps each)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import avo_ops
+from conftest import TOLERANCES
+
+FP32_EPS = torch.finfo(torch.float32).eps
+
+
+def reference(x, gamma=None, beta=None, eps=1e-5, swish=False):
+    """Float64: instance normalization of (swish of) x with a per-channel affine."""
+    x = x.double()
+    s = x * torch.sigmoid(x) if swish else x
+    dims = tuple(range(2, x.dim()))
+    mean = s.mean(dim=dims, keepdim=True) if dims else s
+    var = ((s - mean) ** 2).mean(dim=dims, keepdim=True) if dims else torch.zeros_like(s)
+    y = (s - mean) / torch.sqrt(var + eps)
+    shape = (1, -1) + (1,) * (x.dim() - 2)
+    if gamma is not None:
+        y = y * gamma.double().view(shape)
+    if beta is not None:
+        y = y + beta.double().view(shape)
+    return y
+
+
+def close(actual, expected, dtype, scale=0.0):
+    tol = dict(TOLERANCES[dtype])
+    tol["atol"] = max(tol["atol"], 16 * FP32_EPS * scale)
+    torch.testing.assert_close(actual.double(), expected.double(), **tol)
+
+
+SHAPES = [(2, 3, 5, 7), (4, 6, 10), (1, 2, 3, 4, 5), (3, 4, 1, 1), (0, 3, 4, 4), (2, 3)]
+
+
+@pytest.mark.parametrize("swish", [False, True])
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_values(shape, affine, swish, device, dtype):
+    x = (torch.randn(shape, dtype=torch.float64) * 2 + 1).to(dtype=dtype, device=device)
+    gamma = torch.randn(shape[1], device=device).to(dtype) if affine else None
+    beta = torch.randn(shape[1], device=device).to(dtype) if affine else None
+    y = torch.ops.avo.channel_norm(x, gamma, beta, swish=swish)
+    assert y.shape == x.shape and y.dtype == dtype and y.is_contiguous()
+    close(y, reference(x, gamma, beta, swish=swish), dtype)
+
+
+def test_large_offset(device):
+    x = (1000 + torch.randn(2, 3, 16, 16, dtype=torch.float64)).float().to(device)
+    close(torch.ops.avo.channel_norm(x), reference(x), torch.float32, scale=1000)
+
+
+@pytest.mark.parametrize("api", ["op", "functional"])
+@pytest.mark.parametrize("swish", [False, True])
+@pytest.mark.parametrize("shape", [(2, 3, 5, 7), (3, 4, 9)], ids=str)
+def test_gradients(shape, swish, api, device):
+    x = torch.randn(shape, device=device, requires_grad=True)
+    gamma = torch.randn(shape[1], device=device, requires_grad=True)
+    beta = torch.randn(shape[1], device=device, requires_grad=True)
+    grad_y = torch.randn(shape, device=device)
+    call = torch.ops.avo.channel_norm if api == "op" else avo_ops.channel_norm
+    got = torch.autograd.grad(call(x, gamma, beta, 1e-5, swish), (x, gamma, beta), grad_y)
+    inputs64 = [t.detach().double().requires_grad_(True) for t in (x, gamma, beta)]
+    want = torch.autograd.grad(reference(*inputs64, swish=swish), inputs64, grad_y.double())
+    terms = grad_y.abs().max().item() * shape[0] * (x[0, 0].numel())
+    for g, w in zip(got, want):
+        close(g, w, torch.float32, scale=terms)
+
+
+def test_non_contiguous_input_and_parameters(device):
+    x = torch.randn(3, 8, 6, 5, device=device).transpose(2, 3)  # [3, 8, 5, 6], not dense
+    gamma = torch.randn(16, device=device)[::2]
+    close(torch.ops.avo.channel_norm(x, gamma, None, swish=True), reference(x, gamma, swish=True), torch.float32)
+
+
+def test_parameter_gradients_are_deterministic(device):
+    x = torch.randn(64, 32, 9, 9, device=device)
+    gamma = torch.randn(32, device=device)
+    grad_y = torch.randn_like(x)
+    first = torch.ops.avo.channel_norm_backward(grad_y, x, gamma, gamma, 1e-5, True)
+    second = torch.ops.avo.channel_norm_backward(grad_y, x, gamma, gamma, 1e-5, True)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("with_params", [True, False])
+def test_opcheck(with_params, device):
+    x = torch.randn(2, 3, 4, 5, device=device, requires_grad=True)
+    gamma = torch.randn(3, device=device, requires_grad=True) if with_params else None
+    beta = torch.randn(3, device=device, requires_grad=True) if with_params else None
+    torch.library.opcheck(torch.ops.avo.channel_norm.default, (x, gamma, beta), {"swish": True})
+    grad_y = torch.randn(2, 3, 4, 5, device=device)
+    torch.library.opcheck(torch.ops.avo.channel_norm_backward.default,
+                          (grad_y, x.detach(), gamma if gamma is None else gamma.detach(), None, 1e-5, False), {})
+
+
+def test_torch_compile_fullgraph(device):
+    torch._dynamo.reset()
+    f = torch.compile(lambda x, g: torch.ops.avo.channel_norm(x, g, None, swish=True) * 2, fullgraph=True)
+    x = torch.randn(2, 3, 6, 6, device=device, requires_grad=True)
+    g = torch.randn(3, device=device, requires_grad=True)
+    y = f(x, g)
+    got = torch.autograd.grad(y.sum(), (x, g))
+    x64, g64 = (t.detach().double().requires_grad_(True) for t in (x, g))
+    y64 = reference(x64, g64, swish=True) * 2
+    want = torch.autograd.grad(y64.sum(), (x64, g64))
+    close(y, y64, torch.float32)
+    for a, b in zip(got, want):
+        close(a, b, torch.float32, scale=2 * 36 * 2)
+
+
+def test_errors_name_the_op_and_argument(device):
+    with pytest.raises(RuntimeError, match=r"avo::channel_norm: argument 'gamma' must have shape \[3\] \(the channels "
+                                           r"of 'x'\), got \[4\]"):
+        torch.ops.avo.channel_norm(torch.randn(2, 3, 4, device=device), torch.randn(4, device=device))
+    with pytest.raises(RuntimeError, match=r"avo::channel_norm: argument 'x' must have at least two dimensions"):
+        torch.ops.avo.channel_norm(torch.randn(5, device=device))
+    with pytest.raises(TypeError, match=r"avo::channel_norm: argument 'x' has dtype float64"):
+        torch.ops.avo.channel_norm(torch.randn(2, 3, 4, dtype=torch.float64, device=device))
