@@ -309,10 +309,7 @@ def emit_row_header(s: OpSchedule) -> str:
     columns = bwd.column_outputs
     lines += [CHUNK_NOTE,
               f"constexpr int kColumnSums = {len(columns)};",
-              "// The output index of column sum k.",
-              "AVO_HOST_DEVICE constexpr int column_output(int k) {",
-              "  return " + "".join(f"k == {k} ? {c} : " for k, c in enumerate(columns)) + "-1;",
-              "}",
+
               f"constexpr int kSavedPerRow = {saved};", "",
               "// CPU: the row kernels take rows [begin, end); the column pass chunks [begin, end),",
               "// then its finish columns [begin, end). The caller splits the work."]
@@ -336,12 +333,17 @@ def emit_row_math(s: OpSchedule) -> str:
              "#include <avo/common.h>", "#include <avo/math.h>", "", f"namespace avo::ops::{spec.name} {{", ""]
     lines += [f"// {line}" for line in textwrap.wrap(spec.doc, 86)] + [""]
     for kernel in (s.forward, s.backward):
-        for specialization, program, apply, columns in _programs(kernel):
+        for specialization, program, apply, column_body in _programs(kernel):
             title = f"{kernel.role.capitalize()} of one row"
             if specialization.choices:
                 title += f", for {specialization.description}"
+            columns = kernel.column_outputs if kernel.role == "backward" else ()
             lines += [f"// {title}.", f"struct {kernel.math_struct(specialization)} {{"]
             lines += [f"  {ctype} {name};" for name, ctype in kernel.scalars]
+            lines += [f"  // Per-column outputs (summed over rows by the column pass): how many, and where.",
+                      f"  static constexpr int kColumnSums = {len(columns)};",
+                      "  AVO_HOST_DEVICE static constexpr int column_output(int k) { return "
+                      + "".join(f"k == {k} ? {c} : " for k, c in enumerate(columns)) + "-1; }", ""]
             lines += ["  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: avo::SerialRow or avo::BlockRow.",
                       "  template <typename Precision, typename Row>",
                       "  AVO_HOST_DEVICE void apply(const Row& row) const {",
@@ -353,8 +355,8 @@ def emit_row_math(s: OpSchedule) -> str:
                           "  template <typename Precision, typename Row>",
                           "  AVO_HOST_DEVICE void column_terms(const Row& row, int64_t n, float* terms) const {",
                           "    using F [[maybe_unused]] = avo::Functions<Precision>;"]
-                lines += [f"    {line}" for line in columns] if columns else ["    (void)row;", "    (void)n;",
-                                                                               "    (void)terms;"]
+                lines += [f"    {line}" for line in column_body] if column_body else ["    (void)row;", "    (void)n;",
+                                                                                       "    (void)terms;"]
                 lines.append("  }")
             lines += ["};", ""]
     lines += [f"}}  // namespace avo::ops::{spec.name}", ""]
@@ -373,129 +375,35 @@ def _dispatch(kernel: RowKernel, call, types: str, device: str, last_param: str,
 
 
 def emit_row_cuda(s: OpSchedule) -> str:
-    spec, fwd, bwd = s.spec, s.forward, s.backward
+    """The CUDA entry points: pick the element type and the math, then run the row
+    kernels of avo/row_cuda.cuh (a block per row, then the column pass)."""
+    spec = s.spec
     lines = [header_comment(spec.path), f'#include "{spec.name}.h"', f'#include "{spec.name}_math.h"', "",
-             "#include <avo/cuda_launch.cuh>", "#include <avo/row_cuda.cuh>", "",
-             f"namespace avo::ops::{spec.name} {{", "namespace {", ""]
-    for kernel in (fwd, bwd):
-        lines += [f"// {kernel.role.capitalize()}: one thread block per row (rows beyond the grid loop).",
-                  "template <typename T, typename Math>",
-                  f"__global__ void __launch_bounds__(avo::kRowThreads) {kernel.role}_rows(const {kernel.args_type} args, const Math math) {{",
-                  "  for (int64_t r = blockIdx.x; r < args.rows; r += gridDim.x) {",
-                  f"    const avo::BlockRow<T, {kernel.args_type}> row(args, r);",
-                  "    math.template apply<avo::PrecisionFor<T>>(row);", "  }", "}", ""]
-    lines += [
-        "// Backward column pass, stage 1: block c sums the per-column terms of its chunk of rows.",
-        "template <typename T, typename Math>",
-        "__global__ void __launch_bounds__(avo::kRowThreads) backward_column_partials(const BackwardArgs args, const Math math) {",
-        "  const int64_t chunk = blockIdx.x;",
-        "  const int64_t first = chunk * args.rows_per_chunk;",
-        "  const int64_t last = first + args.rows_per_chunk < args.rows ? first + args.rows_per_chunk : args.rows;",
-        "  for (int64_t n = threadIdx.x; n < args.length; n += blockDim.x) {",
-        "    float sums[kColumnSums > 0 ? kColumnSums : 1] = {};",
-        "    for (int64_t r = first; r < last; ++r) {",
-        "      const avo::RowView<T, BackwardArgs> row(args, r);",
-        "      float terms[kColumnSums > 0 ? kColumnSums : 1];",
-        "      math.template column_terms<avo::PrecisionFor<T>>(row, n, terms);",
-        "      for (int k = 0; k < kColumnSums; ++k) sums[k] += terms[k];",
-        "    }",
-        "    for (int k = 0; k < kColumnSums; ++k) args.partials[(k * args.chunks + chunk) * args.length + n] = sums[k];",
-        "  }",
-        "}",
-        "",
-        "// Backward column pass, stage 2: each column's partials, summed in chunk order.",
-        "template <typename T>",
-        "__global__ void __launch_bounds__(avo::kRowThreads) backward_column_finish(const BackwardArgs args) {",
-        "  const int64_t step = int64_t(gridDim.x) * blockDim.x;",
-        "  for (int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; n < args.length; n += step) {",
-        "    for (int k = 0; k < kColumnSums; ++k) {",
-        "      T* out = static_cast<T*>(args.outputs[column_output(k)]);",
-        "      if (out == nullptr) continue;",
-        "      float total = 0.0f;",
-        "      for (int64_t c = 0; c < args.chunks; ++c) total += args.partials[(k * args.chunks + c) * args.length + n];",
-        "      out[n] = avo::Element<T>::from_float(total);",
-        "    }",
-        "  }",
-        "}",
-        "",
-        "template <typename T, typename Math>",
-        "void launch_forward(const ForwardArgs& args, const Math& math, cudaStream_t stream) {",
-        "  if (args.rows == 0) return;",
-        "  const unsigned blocks = avo::resident_grid_size(forward_rows<T, Math>, args.rows * avo::kRowThreads, avo::kRowThreads);",
-        "  forward_rows<T><<<blocks, avo::kRowThreads, 0, stream>>>(args, math);",
-        "}",
-        "",
-        "template <typename T, typename Math>",
-        "void launch_backward(const BackwardArgs& args, const Math& math, cudaStream_t stream) {",
-        "  if (args.rows == 0) return;",
-        "  const unsigned blocks = avo::resident_grid_size(backward_rows<T, Math>, args.rows * avo::kRowThreads, avo::kRowThreads);",
-        "  backward_rows<T><<<blocks, avo::kRowThreads, 0, stream>>>(args, math);",
-        "  if (kColumnSums == 0 || args.partials == nullptr || args.length == 0) return;",
-        "  backward_column_partials<T><<<unsigned(args.chunks), avo::kRowThreads, 0, stream>>>(args, math);",
-        "  const unsigned finish_blocks = unsigned((args.length + avo::kRowThreads - 1) / avo::kRowThreads);",
-        "  backward_column_finish<T><<<finish_blocks, avo::kRowThreads, 0, stream>>>(args);",
-        "}",
-        "",
-        "}  // namespace", "",
-    ]
-    for kernel in (fwd, bwd):
-        lines += _dispatch(kernel, lambda init, k=kernel: f"launch_{k.role}<T>(args, {init}, stream);",
+             "#include <avo/row_cuda.cuh>", "", f"namespace avo::ops::{spec.name} {{", ""]
+    for kernel in (s.forward, s.backward):
+        lines += _dispatch(kernel, lambda init, k=kernel: f"avo::launch_row_op<T, {k.args_type}>(args, {init}, stream);",
                            "__half, __nv_bfloat16", "cuda", "cudaStream_t stream")
     lines += [f"}}  // namespace avo::ops::{spec.name}", ""]
     return "\n".join(lines)
 
 
 def emit_row_cpu(s: OpSchedule) -> str:
-    spec, fwd, bwd = s.spec, s.forward, s.backward
+    """The CPU entry points: pick the element type and the math, then run the loops of
+    avo/row_cpu.h over the rows (and chunks, and columns) the caller hands out."""
+    spec, bwd = s.spec, s.backward
+    any_backward_math = bwd.math_struct(bwd.graphs[0][0])
     lines = [header_comment(spec.path), f'#include "{spec.name}.h"', f'#include "{spec.name}_math.h"', "",
-             "#include <avo/row_cpu.h>", "", f"namespace avo::ops::{spec.name} {{", "namespace {", ""]
-    for kernel in (fwd, bwd):
-        lines += [f"// {kernel.role.capitalize()} of rows [begin, end).", "template <typename T, typename Math>",
-                  f"void {kernel.role}_rows(const {kernel.args_type}& args, const Math& math, int64_t begin, int64_t end) {{",
-                  "  for (int64_t r = begin; r < end; ++r) {",
-                  f"    const avo::SerialRow<T, {kernel.args_type}> row(args, r);",
-                  "    math.template apply<avo::Exact>(row);", "  }", "}", ""]
-    lines += [
-        "// Column pass, stage 1, for chunks [begin, end).",
-        "template <typename T, typename Math>",
-        "void column_partials(const BackwardArgs& args, const Math& math, int64_t begin, int64_t end) {",
-        "  for (int64_t chunk = begin; chunk < end; ++chunk) {",
-        "    const int64_t first = chunk * args.rows_per_chunk;",
-        "    const int64_t last = first + args.rows_per_chunk < args.rows ? first + args.rows_per_chunk : args.rows;",
-        "    for (int64_t n = 0; n < args.length; ++n) {",
-        "      float sums[kColumnSums > 0 ? kColumnSums : 1] = {};",
-        "      for (int64_t r = first; r < last; ++r) {",
-        "        const avo::RowView<T, BackwardArgs> row(args, r);",
-        "        float terms[kColumnSums > 0 ? kColumnSums : 1];",
-        "        math.template column_terms<avo::Exact>(row, n, terms);",
-        "        for (int k = 0; k < kColumnSums; ++k) sums[k] += terms[k];",
-        "      }",
-        "      for (int k = 0; k < kColumnSums; ++k) args.partials[(k * args.chunks + chunk) * args.length + n] = sums[k];",
-        "    }",
-        "  }",
-        "}",
-        "",
-        "}  // namespace", "",
-    ]
-    for kernel in (fwd, bwd):
-        lines += _dispatch(kernel, lambda init, k=kernel: f"{k.role}_rows<T>(args, {init}, begin, end);",
+             "#include <avo/row_cpu.h>", "", f"namespace avo::ops::{spec.name} {{", ""]
+    for kernel in (s.forward, s.backward):
+        lines += _dispatch(kernel, lambda init, k=kernel: f"avo::run_rows<T, {k.args_type}>(args, {init}, begin, end);",
                            "avo::Half, avo::BFloat16", "cpu", "int64_t begin, int64_t end")
-    lines += _dispatch(bwd, lambda init: f"column_partials<T>(args, {init}, begin, end);",
+    lines += _dispatch(bwd, lambda init: f"avo::run_column_partials<T, BackwardArgs>(args, {init}, begin, end);",
                        "avo::Half, avo::BFloat16", "cpu", "int64_t begin, int64_t end", name="backward_columns_cpu")
     lines += [
-        "// Column pass, stage 2, for columns [begin, end): partials summed in chunk order.",
         "void backward_columns_finish_cpu(avo::DType dtype, const BackwardArgs& args, int64_t begin, int64_t end) {",
         "  avo::visit_dtype<avo::Half, avo::BFloat16>(dtype, [&](auto tag) {",
         "    using T = typename decltype(tag)::type;",
-        "    for (int k = 0; k < kColumnSums; ++k) {",
-        "      T* out = static_cast<T*>(args.outputs[column_output(k)]);",
-        "      if (out == nullptr) continue;",
-        "      for (int64_t n = begin; n < end; ++n) {",
-        "        float total = 0.0f;",
-        "        for (int64_t c = 0; c < args.chunks; ++c) total += args.partials[(k * args.chunks + c) * args.length + n];",
-        "        out[n] = avo::Element<T>::from_float(total);",
-        "      }",
-        "    }",
+        f"    avo::run_column_finish<T, BackwardArgs, {any_backward_math}>(args, begin, end);",
         "  });",
         "}",
         "",

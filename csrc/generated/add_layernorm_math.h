@@ -18,6 +18,10 @@ namespace avo::ops::add_layernorm {
 // Forward of one row.
 struct ForwardMath {
   float eps;
+  // Per-column outputs (summed over rows by the column pass): how many, and where.
+  static constexpr int kColumnSums = 0;
+  AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
+
   // Precision: avo::Exact or avo::Fast (avo/math.h); Row: avo::SerialRow or avo::BlockRow.
   template <typename Precision, typename Row>
   AVO_HOST_DEVICE void apply(const Row& row) const {
@@ -59,6 +63,10 @@ struct ForwardMath {
 // Backward of one row.
 struct BackwardMath {
   float eps;
+  // Per-column outputs (summed over rows by the column pass): how many, and where.
+  static constexpr int kColumnSums = 2;
+  AVO_HOST_DEVICE static constexpr int column_output(int k) { return k == 0 ? 2 : k == 1 ? 3 : -1; }
+
   // Precision: avo::Exact or avo::Fast (avo/math.h); Row: avo::SerialRow or avo::BlockRow.
   template <typename Precision, typename Row>
   AVO_HOST_DEVICE void apply(const Row& row) const {

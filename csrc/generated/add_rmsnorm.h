@@ -28,10 +28,6 @@ using BackwardArgs = avo::RowArgs<5, 3>;
 // The backward's column pass sums per-column terms over chunks of rows into fp32
 // partials, then the partials in chunk order: deterministic, no atomics.
 constexpr int kColumnSums = 1;
-// The output index of column sum k.
-AVO_HOST_DEVICE constexpr int column_output(int k) {
-  return k == 0 ? 2 : -1;
-}
 constexpr int kSavedPerRow = 1;
 
 // CPU: the row kernels take rows [begin, end); the column pass chunks [begin, end),

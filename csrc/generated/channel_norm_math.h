@@ -20,6 +20,10 @@ namespace avo::ops::channel_norm {
 struct ForwardMath {
   float eps;
   bool swish;
+  // Per-column outputs (summed over rows by the column pass): how many, and where.
+  static constexpr int kColumnSums = 0;
+  AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
+
   // Precision: avo::Exact or avo::Fast (avo/math.h); Row: avo::SerialRow or avo::BlockRow.
   template <typename Precision, typename Row>
   AVO_HOST_DEVICE void apply(const Row& row) const {
@@ -57,6 +61,10 @@ struct ForwardMath {
 struct BackwardMath {
   float eps;
   bool swish;
+  // Per-column outputs (summed over rows by the column pass): how many, and where.
+  static constexpr int kColumnSums = 0;
+  AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
+
   // Precision: avo::Exact or avo::Fast (avo/math.h); Row: avo::SerialRow or avo::BlockRow.
   template <typename Precision, typename Row>
   AVO_HOST_DEVICE void apply(const Row& row) const {

@@ -27,10 +27,6 @@ using BackwardArgs = avo::RowArgs<4, 3>;
 // The backward's column pass sums per-column terms over chunks of rows into fp32
 // partials, then the partials in chunk order: deterministic, no atomics.
 constexpr int kColumnSums = 2;
-// The output index of column sum k.
-AVO_HOST_DEVICE constexpr int column_output(int k) {
-  return k == 0 ? 1 : k == 1 ? 2 : -1;
-}
 constexpr int kSavedPerRow = 2;
 
 // CPU: the row kernels take rows [begin, end); the column pass chunks [begin, end),

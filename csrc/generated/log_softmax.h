@@ -24,10 +24,6 @@ using BackwardArgs = avo::RowArgs<2, 1>;
 // The backward's column pass sums per-column terms over chunks of rows into fp32
 // partials, then the partials in chunk order: deterministic, no atomics.
 constexpr int kColumnSums = 0;
-// The output index of column sum k.
-AVO_HOST_DEVICE constexpr int column_output(int k) {
-  return -1;
-}
 constexpr int kSavedPerRow = 0;
 
 // CPU: the row kernels take rows [begin, end); the column pass chunks [begin, end),

@@ -7,81 +7,32 @@
 #include <avo/row_cpu.h>
 
 namespace avo::ops::rmsnorm {
-namespace {
-
-// Forward of rows [begin, end).
-template <typename T, typename Math>
-void forward_rows(const ForwardArgs& args, const Math& math, int64_t begin, int64_t end) {
-  for (int64_t r = begin; r < end; ++r) {
-    const avo::SerialRow<T, ForwardArgs> row(args, r);
-    math.template apply<avo::Exact>(row);
-  }
-}
-
-// Backward of rows [begin, end).
-template <typename T, typename Math>
-void backward_rows(const BackwardArgs& args, const Math& math, int64_t begin, int64_t end) {
-  for (int64_t r = begin; r < end; ++r) {
-    const avo::SerialRow<T, BackwardArgs> row(args, r);
-    math.template apply<avo::Exact>(row);
-  }
-}
-
-// Column pass, stage 1, for chunks [begin, end).
-template <typename T, typename Math>
-void column_partials(const BackwardArgs& args, const Math& math, int64_t begin, int64_t end) {
-  for (int64_t chunk = begin; chunk < end; ++chunk) {
-    const int64_t first = chunk * args.rows_per_chunk;
-    const int64_t last = first + args.rows_per_chunk < args.rows ? first + args.rows_per_chunk : args.rows;
-    for (int64_t n = 0; n < args.length; ++n) {
-      float sums[kColumnSums > 0 ? kColumnSums : 1] = {};
-      for (int64_t r = first; r < last; ++r) {
-        const avo::RowView<T, BackwardArgs> row(args, r);
-        float terms[kColumnSums > 0 ? kColumnSums : 1];
-        math.template column_terms<avo::Exact>(row, n, terms);
-        for (int k = 0; k < kColumnSums; ++k) sums[k] += terms[k];
-      }
-      for (int k = 0; k < kColumnSums; ++k) args.partials[(k * args.chunks + chunk) * args.length + n] = sums[k];
-    }
-  }
-}
-
-}  // namespace
 
 void forward_cpu(avo::DType dtype, const ForwardArgs& args, float eps, int64_t begin, int64_t end) {
   avo::visit_dtype<avo::Half, avo::BFloat16>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    forward_rows<T>(args, ForwardMath{eps}, begin, end);
+    avo::run_rows<T, ForwardArgs>(args, ForwardMath{eps}, begin, end);
   });
 }
 
 void backward_cpu(avo::DType dtype, const BackwardArgs& args, float eps, int64_t begin, int64_t end) {
   avo::visit_dtype<avo::Half, avo::BFloat16>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    backward_rows<T>(args, BackwardMath{eps}, begin, end);
+    avo::run_rows<T, BackwardArgs>(args, BackwardMath{eps}, begin, end);
   });
 }
 
 void backward_columns_cpu(avo::DType dtype, const BackwardArgs& args, float eps, int64_t begin, int64_t end) {
   avo::visit_dtype<avo::Half, avo::BFloat16>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    column_partials<T>(args, BackwardMath{eps}, begin, end);
+    avo::run_column_partials<T, BackwardArgs>(args, BackwardMath{eps}, begin, end);
   });
 }
 
-// Column pass, stage 2, for columns [begin, end): partials summed in chunk order.
 void backward_columns_finish_cpu(avo::DType dtype, const BackwardArgs& args, int64_t begin, int64_t end) {
   avo::visit_dtype<avo::Half, avo::BFloat16>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    for (int k = 0; k < kColumnSums; ++k) {
-      T* out = static_cast<T*>(args.outputs[column_output(k)]);
-      if (out == nullptr) continue;
-      for (int64_t n = begin; n < end; ++n) {
-        float total = 0.0f;
-        for (int64_t c = 0; c < args.chunks; ++c) total += args.partials[(k * args.chunks + c) * args.length + n];
-        out[n] = avo::Element<T>::from_float(total);
-      }
-    }
+    avo::run_column_finish<T, BackwardArgs, BackwardMath>(args, begin, end);
   });
 }
 

@@ -16,6 +16,10 @@ namespace avo::ops::softmax {
 
 // Forward of one row.
 struct ForwardMath {
+  // Per-column outputs (summed over rows by the column pass): how many, and where.
+  static constexpr int kColumnSums = 0;
+  AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
+
   // Precision: avo::Exact or avo::Fast (avo/math.h); Row: avo::SerialRow or avo::BlockRow.
   template <typename Precision, typename Row>
   AVO_HOST_DEVICE void apply(const Row& row) const {
@@ -44,6 +48,10 @@ struct ForwardMath {
 
 // Backward of one row.
 struct BackwardMath {
+  // Per-column outputs (summed over rows by the column pass): how many, and where.
+  static constexpr int kColumnSums = 0;
+  AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
+
   // Precision: avo::Exact or avo::Fast (avo/math.h); Row: avo::SerialRow or avo::BlockRow.
   template <typename Precision, typename Row>
   AVO_HOST_DEVICE void apply(const Row& row) const {

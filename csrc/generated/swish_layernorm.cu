@@ -4,94 +4,21 @@
 #include "swish_layernorm.h"
 #include "swish_layernorm_math.h"
 
-#include <avo/cuda_launch.cuh>
 #include <avo/row_cuda.cuh>
 
 namespace avo::ops::swish_layernorm {
-namespace {
-
-// Forward: one thread block per row (rows beyond the grid loop).
-template <typename T, typename Math>
-__global__ void __launch_bounds__(avo::kRowThreads) forward_rows(const ForwardArgs args, const Math math) {
-  for (int64_t r = blockIdx.x; r < args.rows; r += gridDim.x) {
-    const avo::BlockRow<T, ForwardArgs> row(args, r);
-    math.template apply<avo::PrecisionFor<T>>(row);
-  }
-}
-
-// Backward: one thread block per row (rows beyond the grid loop).
-template <typename T, typename Math>
-__global__ void __launch_bounds__(avo::kRowThreads) backward_rows(const BackwardArgs args, const Math math) {
-  for (int64_t r = blockIdx.x; r < args.rows; r += gridDim.x) {
-    const avo::BlockRow<T, BackwardArgs> row(args, r);
-    math.template apply<avo::PrecisionFor<T>>(row);
-  }
-}
-
-// Backward column pass, stage 1: block c sums the per-column terms of its chunk of rows.
-template <typename T, typename Math>
-__global__ void __launch_bounds__(avo::kRowThreads) backward_column_partials(const BackwardArgs args, const Math math) {
-  const int64_t chunk = blockIdx.x;
-  const int64_t first = chunk * args.rows_per_chunk;
-  const int64_t last = first + args.rows_per_chunk < args.rows ? first + args.rows_per_chunk : args.rows;
-  for (int64_t n = threadIdx.x; n < args.length; n += blockDim.x) {
-    float sums[kColumnSums > 0 ? kColumnSums : 1] = {};
-    for (int64_t r = first; r < last; ++r) {
-      const avo::RowView<T, BackwardArgs> row(args, r);
-      float terms[kColumnSums > 0 ? kColumnSums : 1];
-      math.template column_terms<avo::PrecisionFor<T>>(row, n, terms);
-      for (int k = 0; k < kColumnSums; ++k) sums[k] += terms[k];
-    }
-    for (int k = 0; k < kColumnSums; ++k) args.partials[(k * args.chunks + chunk) * args.length + n] = sums[k];
-  }
-}
-
-// Backward column pass, stage 2: each column's partials, summed in chunk order.
-template <typename T>
-__global__ void __launch_bounds__(avo::kRowThreads) backward_column_finish(const BackwardArgs args) {
-  const int64_t step = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; n < args.length; n += step) {
-    for (int k = 0; k < kColumnSums; ++k) {
-      T* out = static_cast<T*>(args.outputs[column_output(k)]);
-      if (out == nullptr) continue;
-      float total = 0.0f;
-      for (int64_t c = 0; c < args.chunks; ++c) total += args.partials[(k * args.chunks + c) * args.length + n];
-      out[n] = avo::Element<T>::from_float(total);
-    }
-  }
-}
-
-template <typename T, typename Math>
-void launch_forward(const ForwardArgs& args, const Math& math, cudaStream_t stream) {
-  if (args.rows == 0) return;
-  const unsigned blocks = avo::resident_grid_size(forward_rows<T, Math>, args.rows * avo::kRowThreads, avo::kRowThreads);
-  forward_rows<T><<<blocks, avo::kRowThreads, 0, stream>>>(args, math);
-}
-
-template <typename T, typename Math>
-void launch_backward(const BackwardArgs& args, const Math& math, cudaStream_t stream) {
-  if (args.rows == 0) return;
-  const unsigned blocks = avo::resident_grid_size(backward_rows<T, Math>, args.rows * avo::kRowThreads, avo::kRowThreads);
-  backward_rows<T><<<blocks, avo::kRowThreads, 0, stream>>>(args, math);
-  if (kColumnSums == 0 || args.partials == nullptr || args.length == 0) return;
-  backward_column_partials<T><<<unsigned(args.chunks), avo::kRowThreads, 0, stream>>>(args, math);
-  const unsigned finish_blocks = unsigned((args.length + avo::kRowThreads - 1) / avo::kRowThreads);
-  backward_column_finish<T><<<finish_blocks, avo::kRowThreads, 0, stream>>>(args);
-}
-
-}  // namespace
 
 void forward_cuda(avo::DType dtype, const ForwardArgs& args, float eps, cudaStream_t stream) {
   avo::visit_dtype<__half, __nv_bfloat16>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch_forward<T>(args, ForwardMath{eps}, stream);
+    avo::launch_row_op<T, ForwardArgs>(args, ForwardMath{eps}, stream);
   });
 }
 
 void backward_cuda(avo::DType dtype, const BackwardArgs& args, float eps, cudaStream_t stream) {
   avo::visit_dtype<__half, __nv_bfloat16>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch_backward<T>(args, BackwardMath{eps}, stream);
+    avo::launch_row_op<T, BackwardArgs>(args, BackwardMath{eps}, stream);
   });
 }
 

@@ -17,6 +17,10 @@ namespace avo::ops::swish_layernorm {
 // Forward of one row.
 struct ForwardMath {
   float eps;
+  // Per-column outputs (summed over rows by the column pass): how many, and where.
+  static constexpr int kColumnSums = 0;
+  AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
+
   // Precision: avo::Exact or avo::Fast (avo/math.h); Row: avo::SerialRow or avo::BlockRow.
   template <typename Precision, typename Row>
   AVO_HOST_DEVICE void apply(const Row& row) const {
@@ -53,6 +57,10 @@ struct ForwardMath {
 // Backward of one row.
 struct BackwardMath {
   float eps;
+  // Per-column outputs (summed over rows by the column pass): how many, and where.
+  static constexpr int kColumnSums = 2;
+  AVO_HOST_DEVICE static constexpr int column_output(int k) { return k == 0 ? 1 : k == 1 ? 2 : -1; }
+
   // Precision: avo::Exact or avo::Fast (avo/math.h); Row: avo::SerialRow or avo::BlockRow.
   template <typename Precision, typename Row>
   AVO_HOST_DEVICE void apply(const Row& row) const {

@@ -49,3 +49,48 @@ struct SerialRow : RowView<T, Args> {
 };
 
 }  // namespace avo
+
+namespace avo {
+
+// The CPU loops of every row op; the generated math is what differs between ops.
+
+// Rows [begin, end).
+template <typename T, typename Args, typename Math>
+void run_rows(const Args& args, const Math& math, int64_t begin, int64_t end) {
+  for (int64_t r = begin; r < end; ++r) math.template apply<Exact>(SerialRow<T, Args>(args, r));
+}
+
+// Column pass, stage 1, for chunks [begin, end).
+template <typename T, typename Args, typename Math>
+void run_column_partials(const Args& args, const Math& math, int64_t begin, int64_t end) {
+  constexpr int K = Math::kColumnSums > 0 ? Math::kColumnSums : 1;
+  for (int64_t chunk = begin; chunk < end; ++chunk) {
+    const int64_t first = chunk * args.rows_per_chunk;
+    const int64_t last = first + args.rows_per_chunk < args.rows ? first + args.rows_per_chunk : args.rows;
+    for (int64_t n = 0; n < args.length; ++n) {
+      float sums[K] = {};
+      for (int64_t r = first; r < last; ++r) {
+        float terms[K];
+        math.template column_terms<Exact>(RowView<T, Args>(args, r), n, terms);
+        for (int k = 0; k < Math::kColumnSums; ++k) sums[k] += terms[k];
+      }
+      for (int k = 0; k < Math::kColumnSums; ++k) args.partials[(k * args.chunks + chunk) * args.length + n] = sums[k];
+    }
+  }
+}
+
+// Column pass, stage 2, for columns [begin, end): partials summed in chunk order.
+template <typename T, typename Args, typename Math>
+void run_column_finish(const Args& args, int64_t begin, int64_t end) {
+  for (int k = 0; k < Math::kColumnSums; ++k) {
+    T* out = static_cast<T*>(args.outputs[Math::column_output(k)]);
+    if (out == nullptr) continue;
+    for (int64_t n = begin; n < end; ++n) {
+      float total = 0.0f;
+      for (int64_t c = 0; c < args.chunks; ++c) total += args.partials[(k * args.chunks + c) * args.length + n];
+      out[n] = Element<T>::from_float(total);
+    }
+  }
+}
+
+}  // namespace avo
