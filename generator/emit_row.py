@@ -74,7 +74,7 @@ class ScopePrinter(StatementPrinter):
                 self.uses[id(a)] = self.uses.get(id(a), 0) + 1
         self.names = dict(known)
         self.known = known
-        self.taken = taken
+        self.taken = taken | set(roots)
         for node, name in spec_names.items():
             if node.args and id(node) not in self.names and name not in taken and id(node) in {id(n) for n in self.order}:
                 self.names[id(node)] = name
@@ -226,10 +226,10 @@ class RowProgram:
                 lines.append(f"row.{store_row[name]}({self._output_index(name)}, {value});")
         if elem:
             lines += self._hoist(list(elem.values()))
-            block = self._element_block({f"{name}_value": node for name, node in elem.items()})
+            block = self._element_block(dict(elem))
             lines.append("row.for_each([&](int64_t n) {")
             lines += [f"  {line}" for line in block]
-            lines += [f"  row.store({self._output_index(name)}, n, {name}_value);" for name in elem]
+            lines += [f"  row.store({self._output_index(name)}, n, {name});" for name in elem]
             lines.append("});")
         # The per-row values the column pass needs are saved for it.
         self.saved: list[tuple[str, Node]] = []

@@ -52,10 +52,8 @@ struct ForwardMath {
       const float hidden = x + residual;
       const float centered = hidden - mu;
       const float y = centered * rstd * weight + bias;
-      const float hidden_value = hidden;
-      const float y_value = y;
-      row.store(0, n, hidden_value);
-      row.store(1, n, y_value);
+      row.store(0, n, hidden);
+      row.store(1, n, y);
     });
   }
 };
@@ -121,10 +119,10 @@ struct BackwardMath {
       const float hidden = x + residual;
       const float centered = hidden - mu;
       const float t0 = r0 * centered;
-      const float grad_x_value = grad_hidden + (grad_y * weight * rstd + t0 + t0) + r1;
-      const float grad_residual_value = grad_x_value;
-      row.store(0, n, grad_x_value);
-      row.store(1, n, grad_residual_value);
+      const float grad_x = grad_hidden + (grad_y * weight * rstd + t0 + t0) + r1;
+      const float grad_residual = grad_x;
+      row.store(0, n, grad_x);
+      row.store(1, n, grad_residual);
     });
     row.save(0, mu);
     row.save(1, rstd);

@@ -40,10 +40,8 @@ struct ForwardMath {
       const float weight = row.load_col(2, n, 1.0f);
       const float hidden = x + residual;
       const float y = hidden * rrms * weight;
-      const float hidden_value = hidden;
-      const float y_value = y;
-      row.store(0, n, hidden_value);
-      row.store(1, n, y_value);
+      row.store(0, n, hidden);
+      row.store(1, n, y);
     });
   }
 };
@@ -86,10 +84,10 @@ struct BackwardMath {
       const float residual = row.load(3, n);
       const float hidden = x + residual;
       const float t0 = r0 * hidden;
-      const float grad_x_value = grad_hidden + grad_y * weight * rrms + t0 + t0;
-      const float grad_residual_value = grad_x_value;
-      row.store(0, n, grad_x_value);
-      row.store(1, n, grad_residual_value);
+      const float grad_x = grad_hidden + grad_y * weight * rrms + t0 + t0;
+      const float grad_residual = grad_x;
+      row.store(0, n, grad_x);
+      row.store(1, n, grad_residual);
     });
     row.save(0, rrms);
   }

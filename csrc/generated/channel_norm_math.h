@@ -51,8 +51,7 @@ struct ForwardMath {
       const float s = swish ? x * F::sigmoid(x) : x;
       const float centered = s - mu;
       const float y = centered * rstd * gamma + beta;
-      const float y_value = y;
-      row.store(0, n, y_value);
+      row.store(0, n, y);
     });
   }
 };
@@ -129,8 +128,8 @@ struct BackwardMath {
       const float t1 = r0 * centered;
       const float t2 = grad_y * gamma * rstd + t1 + t1 + r1;
       const float t3 = swish ? t2 : 0.0f;
-      const float grad_x_value = (swish ? 0.0f : t2) + t3 * t0 + t3 * x * (t0 * (1.0f - t0));
-      row.store(0, n, grad_x_value);
+      const float grad_x = (swish ? 0.0f : t2) + t3 * t0 + t3 * x * (t0 * (1.0f - t0));
+      row.store(0, n, grad_x);
     });
   }
 

@@ -46,8 +46,7 @@ struct ForwardMath {
       const float bias = row.load_col(2, n, 0.0f);
       const float centered = x - mu;
       const float y = centered * rstd * weight + bias;
-      const float y_value = y;
-      row.store(0, n, y_value);
+      row.store(0, n, y);
     });
   }
 };
@@ -103,8 +102,8 @@ struct BackwardMath {
       const float x = row.load(1, n);
       const float centered = x - mu;
       const float t0 = r0 * centered;
-      const float grad_x_value = grad_y * weight * rstd + t0 + t0 + r1;
-      row.store(0, n, grad_x_value);
+      const float grad_x = grad_y * weight * rstd + t0 + t0 + r1;
+      row.store(0, n, grad_x);
     });
     row.save(0, mu);
     row.save(1, rstd);

@@ -41,8 +41,7 @@ struct ForwardMath {
       const float x = row.load(0, n);
       const float shifted = x - max_0;
       const float y = shifted - r0;
-      const float y_value = y;
-      row.store(0, n, y_value);
+      row.store(0, n, y);
     });
   }
 };
@@ -79,8 +78,8 @@ struct BackwardMath {
       const float grad_y = row.load(0, n);
       const float x = row.load(1, n);
       const float shifted = x - max_0;
-      const float grad_x_value = grad_y + r0 * F::exp(shifted);
-      row.store(0, n, grad_x_value);
+      const float grad_x = grad_y + r0 * F::exp(shifted);
+      row.store(0, n, grad_x);
     });
   }
 

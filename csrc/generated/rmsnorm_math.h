@@ -36,8 +36,7 @@ struct ForwardMath {
       const float x = row.load(0, n);
       const float weight = row.load_col(1, n, 1.0f);
       const float y = x * rrms * weight;
-      const float y_value = y;
-      row.store(0, n, y_value);
+      row.store(0, n, y);
     });
   }
 };
@@ -73,8 +72,8 @@ struct BackwardMath {
       const float weight = row.load_col(2, n, 1.0f);
       const float x = row.load(1, n);
       const float t0 = r0 * x;
-      const float grad_x_value = grad_y * weight * rrms + t0 + t0;
-      row.store(0, n, grad_x_value);
+      const float grad_x = grad_y * weight * rrms + t0 + t0;
+      row.store(0, n, grad_x);
     });
     row.save(0, rrms);
   }

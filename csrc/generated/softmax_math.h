@@ -40,8 +40,7 @@ struct ForwardMath {
       const float x = row.load(0, n);
       const float e = F::exp(x - max_0);
       const float y = e / sum_0;
-      const float y_value = y;
-      row.store(0, n, y_value);
+      row.store(0, n, y);
     });
   }
 };
@@ -80,8 +79,8 @@ struct BackwardMath {
       const float grad_y = row.load(0, n);
       const float x = row.load(1, n);
       const float e = F::exp(x - max_0);
-      const float grad_x_value = (grad_y / sum_0 + sum_1) * e;
-      row.store(0, n, grad_x_value);
+      const float grad_x = (grad_y / sum_0 + sum_1) * e;
+      row.store(0, n, grad_x);
     });
   }
 

@@ -48,8 +48,7 @@ struct ForwardMath {
       const float swish = x * F::sigmoid(x);
       const float centered = swish - mu;
       const float y = centered * rstd * weight + bias;
-      const float y_value = y;
-      row.store(0, n, y_value);
+      row.store(0, n, y);
     });
   }
 };
@@ -111,8 +110,8 @@ struct BackwardMath {
       const float centered = swish - mu;
       const float t1 = r0 * centered;
       const float t2 = grad_y * weight * rstd + t1 + t1 + r1;
-      const float grad_x_value = t2 * t0 + t2 * x * (t0 * (1.0f - t0));
-      row.store(0, n, grad_x_value);
+      const float grad_x = t2 * t0 + t2 * x * (t0 * (1.0f - t0));
+      row.store(0, n, grad_x);
     });
     row.save(0, mu);
     row.save(1, rstd);
