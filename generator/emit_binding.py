@@ -3,8 +3,8 @@ CPU and CUDA implementations) and `registration.cpp` (the one TORCH_LIBRARY(avo)
 from __future__ import annotations
 
 from .emit_kernels import enum_name, header_comment
-from .model import Attr, OpSpec
-from .schedule import MapKernel, OpSchedule
+from .model import Attr
+from .schedule import MapKernel, OpSchedule, channels_first
 
 SCHEMA_TYPES = {"float": "float", "int": "int", "bool": "bool", "str": "str"}
 CPP_ARG_TYPES = {"float": "double", "int": "int64_t", "bool": "bool", "str": "c10::string_view"}
@@ -151,7 +151,7 @@ def _row_impl(kernel, device: str, spec_inputs) -> list[str]:
     else:  # the gradient of a missing optional input is not computed
         wanted = ", ".join(f"{i.name}.has_value()" if i.optional else "true" for i in spec_inputs)
     n_in, n_out = len(kernel.inputs), len(kernel.outputs)
-    channel_op = any(i.domain == "chan" for i in spec_inputs) or "*" in "".join(kernel.op.inputs[0].shape)
+    channel_op = channels_first(kernel)
     lines.append(f'  auto call = avo::binding::prepare_rows<{n_in}, {n_out}>("{op}", {{{{{named}}}}}, {{{{{domains}}}}}, '
                  f"{{{{{wanted}}}}}, kColumnSums, kSavedPerRow{', /*channels_first=*/true' if channel_op else ''});")
     extra = _launch_args(kernel)

@@ -7,7 +7,7 @@ import textwrap
 
 from .emit_kernels import header_comment
 from .model import Attr
-from .schedule import MapKernel, OpSchedule, _camel
+from .schedule import MapKernel, OpSchedule, _camel, channels_first
 
 PY_TYPES = {"float": "float", "int": "int", "bool": "bool", "str": "str"}
 
@@ -44,7 +44,7 @@ def _fake(kernel: MapKernel) -> list[str]:
         else:  # no gradient for a missing optional input
             outputs = ", ".join(f'("{o.domain}", {i.name} is not None)' if i.optional else f'("{o.domain}", True)'
                                 for o, i in zip(kernel.outputs, kernel.op.inputs))
-        channels = ", channels_first=True" if any("*" in d for d in kernel.op.inputs[0].shape) else ""
+        channels = ", channels_first=True" if channels_first(kernel) else ""
         lines += [f'    return _runtime.row_fake("{op}", {{{named}}}, [{outputs}]{channels})', "", ""]
         return lines
     named = ", ".join(f'"{i.name}": {i.name}' for i in kernel.inputs)

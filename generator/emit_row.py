@@ -340,7 +340,7 @@ def emit_row_math(s: OpSchedule) -> str:
             columns = kernel.column_outputs if kernel.role == "backward" else ()
             lines += [f"// {title}.", f"struct {kernel.math_struct(specialization)} {{"]
             lines += [f"  {ctype} {name};" for name, ctype in kernel.scalars]
-            lines += [f"  // Per-column outputs (summed over rows by the column pass): how many, and where.",
+            lines += ["  // Per-column outputs (summed over rows by the column pass): how many, and where.",
                       f"  static constexpr int kColumnSums = {len(columns)};",
                       "  AVO_HOST_DEVICE static constexpr int column_output(int k) { return "
                       + "".join(f"k == {k} ? {c} : " for k, c in enumerate(columns)) + "-1; }", ""]
