@@ -19,10 +19,6 @@ TOLERANCES = {
 }
 
 
-def cuda_only(device: str):
-    return pytest.mark.skipif(device == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device")
-
-
 @pytest.fixture(params=DEVICES)
 def device(request):
     return request.param

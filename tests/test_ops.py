@@ -270,5 +270,10 @@ def test_cuda_runs_on_the_current_stream():
 
 
 def test_built_extension_reports_cuda_consistently():
+    # CUDA kernels are registered exactly when the extension says it has them, and a
+    # machine with a GPU must have them.
+    for op in ("avo::gelu", "avo::silu_backward"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA") == avo_ops.built_with_cuda()
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU")
     if "cuda" in DEVICES:
         assert avo_ops.built_with_cuda()
