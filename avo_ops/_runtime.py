@@ -22,12 +22,8 @@ def check_choice(op: str, name: str, value: str, choices: Sequence[str]) -> None
         raise ValueError(f"{op}: argument '{name}' must be one of {allowed}, got '{value}'")
 
 
-def map_fake(op: str, inputs: Mapping[str, torch.Tensor | None], num_outputs: int):
-    """Outputs of an elementwise op: contiguous, in the inputs' broadcast shape.
-
-    Checks the arguments as the binding layer does, so that a traced program fails
-    where an eager one would."""
-    present = [(name, t) for name, t in inputs.items() if t is not None]
+def _check_same(op: str, present: list[tuple[str, torch.Tensor]]) -> None:
+    """Every tensor argument has a supported dtype, and all share one dtype and device."""
     first_name, first = present[0]
     for name, t in present:
         if t.dtype not in SUPPORTED_DTYPES:
@@ -45,6 +41,16 @@ def map_fake(op: str, inputs: Mapping[str, torch.Tensor | None], num_outputs: in
                 f"{op}: argument '{name}' is on {t.device} but '{first_name}' is on {first.device}; "
                 "all tensor arguments must be on one device"
             )
+
+
+def map_fake(op: str, inputs: Mapping[str, torch.Tensor | None], num_outputs: int):
+    """Outputs of an elementwise op: contiguous, in the inputs' broadcast shape.
+
+    Checks the arguments as the binding layer does, so that a traced program fails
+    where an eager one would."""
+    present = [(name, t) for name, t in inputs.items() if t is not None]
+    _check_same(op, present)
+    first = present[0][1]
     try:
         shape = torch.broadcast_shapes(*(t.shape for _, t in present))
     except RuntimeError:
@@ -52,26 +58,6 @@ def map_fake(op: str, inputs: Mapping[str, torch.Tensor | None], num_outputs: in
         raise RuntimeError(f"{op}: the shapes of {shapes} do not broadcast together") from None
     outputs = tuple(first.new_empty(shape) for _ in range(num_outputs))
     return outputs[0] if num_outputs == 1 else outputs
-
-
-def _check_same(op: str, present: list[tuple[str, torch.Tensor]]) -> None:
-    first_name, first = present[0]
-    for name, t in present:
-        if t.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(
-                f"{op}: argument '{name}' has dtype {_dtype_name(t.dtype)}; "
-                "supported dtypes are float32, float16 and bfloat16"
-            )
-        if t.dtype != first.dtype:
-            raise TypeError(
-                f"{op}: argument '{name}' has dtype {_dtype_name(t.dtype)} but '{first_name}' has dtype "
-                f"{_dtype_name(first.dtype)}; all tensor arguments must share one dtype"
-            )
-        if t.device != first.device:
-            raise RuntimeError(
-                f"{op}: argument '{name}' is on {t.device} but '{first_name}' is on {first.device}; "
-                "all tensor arguments must be on one device"
-            )
 
 
 def row_fake(op: str, inputs: Mapping[str, tuple[torch.Tensor | None, str]], outputs: Sequence[tuple[str, bool]],

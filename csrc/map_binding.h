@@ -48,6 +48,31 @@ inline std::string shape_text(const at::Tensor& t) {
   return text + "]";
 }
 
+// Checks the given tensor arguments of `op` (each `Input` has a `name` and a `tensor`,
+// nullptr for a missing optional one): a supported dtype, one dtype and one device for
+// all. Returns the first given argument.
+template <typename Input, size_t N>
+const Input& check_tensor_arguments(const char* op, const std::array<Input, N>& inputs) {
+  const Input* first = nullptr;
+  for (const Input& in : inputs) {
+    if (in.tensor == nullptr) continue;
+    TORCH_CHECK(in.tensor->defined(), op, ": argument '", in.name, "' is an undefined tensor");
+    to_avo_dtype(op, in.name, in.tensor->scalar_type());
+    if (first == nullptr) {
+      first = &in;
+      continue;
+    }
+    TORCH_CHECK_TYPE(in.tensor->scalar_type() == first->tensor->scalar_type(), op, ": argument '", in.name,
+                     "' has dtype ", dtype_name(in.tensor->scalar_type()), " but '", first->name, "' has dtype ",
+                     dtype_name(first->tensor->scalar_type()), "; all tensor arguments must share one dtype");
+    TORCH_CHECK(in.tensor->device() == first->tensor->device(), op, ": argument '", in.name, "' is on ",
+                in.tensor->device(), " but '", first->name, "' is on ", first->tensor->device(),
+                "; all tensor arguments must be on one device");
+  }
+  TORCH_CHECK(first != nullptr, op, ": no tensor argument given");
+  return *first;
+}
+
 // Everything a map kernel launch needs, plus the tensors that keep its pointers valid.
 template <int NumInputs, int NumOutputs>
 struct MapCall {
@@ -112,25 +137,9 @@ bool fill_layout(MapCall<NumInputs, NumOutputs>& call, at::IntArrayRef shape) {
 template <int NumInputs, int NumOutputs>
 MapCall<NumInputs, NumOutputs> prepare_map(const char* op, const std::array<NamedInput, NumInputs>& inputs) {
   MapCall<NumInputs, NumOutputs> call;
-  const NamedInput* first = nullptr;
-  for (const NamedInput& in : inputs) {
-    if (in.tensor == nullptr) continue;
-    TORCH_CHECK(in.tensor->defined(), op, ": argument '", in.name, "' is an undefined tensor");
-    const DType dtype = to_avo_dtype(op, in.name, in.tensor->scalar_type());
-    if (first == nullptr) {
-      first = &in;
-      call.dtype = dtype;
-      call.device = in.tensor->device();
-      continue;
-    }
-    TORCH_CHECK_TYPE(in.tensor->scalar_type() == first->tensor->scalar_type(), op, ": argument '", in.name,
-                     "' has dtype ", dtype_name(in.tensor->scalar_type()), " but '", first->name, "' has dtype ",
-                     dtype_name(first->tensor->scalar_type()), "; all tensor arguments must share one dtype");
-    TORCH_CHECK(in.tensor->device() == first->tensor->device(), op, ": argument '", in.name, "' is on ",
-                in.tensor->device(), " but '", first->name, "' is on ", first->tensor->device(),
-                "; all tensor arguments must be on one device");
-  }
-  TORCH_CHECK(first != nullptr, op, ": no tensor argument given");
+  const NamedInput* first = &check_tensor_arguments(op, inputs);
+  call.dtype = to_avo_dtype(op, first->name, first->tensor->scalar_type());
+  call.device = first->tensor->device();
 
   // Broadcast shape, numpy-style, with a message that names the arguments.
   std::vector<int64_t> shape;

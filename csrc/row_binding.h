@@ -53,23 +53,15 @@ RowCall<NumInputs, NumOutputs> prepare_rows(const char* op, const std::array<Row
   RowCall<NumInputs, NumOutputs> call;
   call.output_domains = output_domains;
   call.wanted = wanted;
-  const RowInput* first = nullptr;
+  const RowInput& first = check_tensor_arguments(op, inputs);
+  call.dtype = to_avo_dtype(op, first.name, first.tensor->scalar_type());
+  call.device = first.tensor->device();
   const RowInput* reference = nullptr;  // the first per-element input: it defines rows and N
   for (const RowInput& in : inputs) {
-    if (in.tensor == nullptr) continue;
-    const DType dtype = to_avo_dtype(op, in.name, in.tensor->scalar_type());
-    if (first == nullptr) {
-      first = &in;
-      call.dtype = dtype;
-      call.device = in.tensor->device();
+    if (in.tensor != nullptr && in.domain == Domain::Elem) {
+      reference = &in;
+      break;
     }
-    TORCH_CHECK_TYPE(in.tensor->scalar_type() == first->tensor->scalar_type(), op, ": argument '", in.name,
-                     "' has dtype ", dtype_name(in.tensor->scalar_type()), " but '", first->name, "' has dtype ",
-                     dtype_name(first->tensor->scalar_type()), "; all tensor arguments must share one dtype");
-    TORCH_CHECK(in.tensor->device() == first->tensor->device(), op, ": argument '", in.name, "' is on ",
-                in.tensor->device(), " but '", first->name, "' is on ", first->tensor->device(),
-                "; all tensor arguments must be on one device");
-    if (reference == nullptr && in.domain == Domain::Elem) reference = &in;
   }
   TORCH_INTERNAL_ASSERT(reference != nullptr);
   const at::Tensor& x = *reference->tensor;

@@ -51,20 +51,36 @@ def _launch_args(kernel: MapKernel) -> str:
     return ", ".join(args)
 
 
-def _impl(kernel: MapKernel, device: str) -> list[str]:
-    op = kernel.qualified_name
+def _impl_start(kernel, device: str) -> list[str]:
+    """The implementation's signature, then its string attributes parsed into enums."""
     lines = [f"{_return_type(kernel)} {kernel.role}_{device}_impl({_cpp_params(kernel)}) {{"]
     for a in kernel.op.attrs:
         if a.type == "str":
-            lines.append(f'  const {enum_name(a.name)} {a.name}_choice = parse_{a.name}("{op}", {a.name});')
+            lines.append(f'  const {enum_name(a.name)} {a.name}_choice = parse_{a.name}("{kernel.qualified_name}", {a.name});')
+    return lines
+
+
+def _cuda_launch(kernel, args: str, extra: str) -> list[str]:
+    """On the tensors' device and its current stream, then the launch check."""
+    return ["  const c10::cuda::CUDAGuard device_guard(call.device);",
+            f"  {kernel.role}_cuda(call.dtype, {args}{extra}, c10::cuda::getCurrentCUDAStream());",
+            "  C10_CUDA_KERNEL_LAUNCH_CHECK();"]
+
+
+def _extra_launch_args(kernel) -> str:
+    extra = _launch_args(kernel)
+    return f", {extra}" if extra else ""
+
+
+def _map_impl(kernel: MapKernel, device: str) -> list[str]:
+    lines = _impl_start(kernel, device)
     named = ", ".join(
         f'{{"{i.name}", {i.name}.has_value() ? &*{i.name} : nullptr}}' if i.optional else f'{{"{i.name}", &{i.name}}}'
         for i in kernel.inputs
     )
     n_in, n_out = len(kernel.inputs), len(kernel.outputs)
-    lines.append(f'  auto call = avo::binding::prepare_map<{n_in}, {n_out}>("{op}", {{{{{named}}}}});')
-    extra = _launch_args(kernel)
-    extra = f", {extra}" if extra else ""
+    lines.append(f'  auto call = avo::binding::prepare_map<{n_in}, {n_out}>("{kernel.qualified_name}", {{{{{named}}}}});')
+    extra = _extra_launch_args(kernel)
     if device == "cpu":
         lines += [
             "  avo::binding::parallel_over_elements(call.args.numel, [&](int64_t begin, int64_t end) {",
@@ -72,11 +88,7 @@ def _impl(kernel: MapKernel, device: str) -> list[str]:
             "  });",
         ]
     else:
-        lines += [
-            "  const c10::cuda::CUDAGuard device_guard(call.device);",
-            f"  {kernel.role}_cuda(call.dtype, call.args{extra}, c10::cuda::getCurrentCUDAStream());",
-            "  C10_CUDA_KERNEL_LAUNCH_CHECK();",
-        ]
+        lines += _cuda_launch(kernel, "call.args", extra)
     lines += ["  return avo::binding::returned(call.outputs);", "}", ""]
     return lines
 
@@ -92,21 +104,28 @@ def _parser(a: Attr) -> list[str]:
 
 
 def emit_binding(s: OpSchedule) -> str:
+    """`<op>_binding.cpp` of a map or a row op: checks, outputs, the CPU and CUDA
+    implementations and their registration."""
     spec = s.spec
     kernels = (s.forward, s.backward)
+    helpers = "row_binding.h" if s.pattern == "row" else "map_binding.h"
     lines = [header_comment(spec.path), "#include <torch/library.h>", "", "#include <optional>", "#include <string>", "",
-             '#include "map_binding.h"', f'#include "{spec.name}.h"', "",
+             f'#include "{helpers}"', f'#include "{spec.name}.h"', "",
              "#if defined(AVO_WITH_CUDA)", "#include <c10/cuda/CUDAException.h>", "#include <c10/cuda/CUDAGuard.h>",
              "#include <c10/cuda/CUDAStream.h>", "#endif", "",
              f"namespace avo::ops::{spec.name} {{", "namespace {", ""]
     for a in spec.attrs:
         if a.type == "str":
             lines += _parser(a)
+
+    def impl(kernel, device):
+        return _row_impl(kernel, device, s.forward.inputs) if s.pattern == "row" else _map_impl(kernel, device)
+
     for kernel in kernels:
-        lines += _impl(kernel, "cpu")
+        lines += impl(kernel, "cpu")
     lines.append("#if defined(AVO_WITH_CUDA)")
     for kernel in kernels:
-        lines += _impl(kernel, "cuda")
+        lines += impl(kernel, "cuda")
     lines += ["#endif", "", "}  // namespace", "", f"TORCH_LIBRARY_IMPL({s.namespace}, CPU, m) {{"]
     lines += [f'  m.impl("{k.registered_name}", &{k.role}_cpu_impl);' for k in kernels]
     lines += ["}", "", "#if defined(AVO_WITH_CUDA)", f"TORCH_LIBRARY_IMPL({s.namespace}, CUDA, m) {{"]
@@ -138,10 +157,7 @@ DOMAIN_ENUM = {"elem": "avo::binding::Domain::Elem", "col": "avo::binding::Domai
 
 def _row_impl(kernel, device: str, spec_inputs) -> list[str]:
     op = kernel.qualified_name
-    lines = [f"{_return_type(kernel)} {kernel.role}_{device}_impl({_cpp_params(kernel)}) {{"]
-    for a in kernel.op.attrs:
-        if a.type == "str":
-            lines.append(f'  const {enum_name(a.name)} {a.name}_choice = parse_{a.name}("{op}", {a.name});')
+    lines = _impl_start(kernel, device)
     named = ", ".join(
         (f'{{"{i.name}", {i.name}.has_value() ? &*{i.name} : nullptr, {DOMAIN_ENUM[i.domain]}}}' if i.optional
          else f'{{"{i.name}", &{i.name}, {DOMAIN_ENUM[i.domain]}}}') for i in kernel.inputs)
@@ -154,8 +170,7 @@ def _row_impl(kernel, device: str, spec_inputs) -> list[str]:
     channel_op = channels_first(kernel)
     lines.append(f'  auto call = avo::binding::prepare_rows<{n_in}, {n_out}>("{op}", {{{{{named}}}}}, {{{{{domains}}}}}, '
                  f"{{{{{wanted}}}}}, kColumnSums, kSavedPerRow{', /*channels_first=*/true' if channel_op else ''});")
-    extra = _launch_args(kernel)
-    extra = f", {extra}" if extra else ""
+    extra = _extra_launch_args(kernel)
     lines.append("  const auto& args = call.args;")
     if device == "cpu":
         lines += ["  if (args.rows > 0) {",
@@ -169,34 +184,8 @@ def _row_impl(kernel, device: str, spec_inputs) -> list[str]:
                       "        backward_columns_finish_cpu(call.dtype, args, begin, end);", "      });", "    }"]
         lines.append("  }")
     else:
-        lines += ["  const c10::cuda::CUDAGuard device_guard(call.device);",
-                  f"  {kernel.role}_cuda(call.dtype, args{extra}, c10::cuda::getCurrentCUDAStream());",
-                  "  C10_CUDA_KERNEL_LAUNCH_CHECK();"]
+        lines += _cuda_launch(kernel, "args", extra)
     if any(o.domain == "chan" for o in kernel.outputs):
         lines.append(f"  avo::binding::finish_channel_outputs(call, {kernel.inputs[0].name}.scalar_type());")
     lines += ["  return avo::binding::returned(call.outputs);", "}", ""]
     return lines
-
-
-def emit_row_binding(s: OpSchedule) -> str:
-    spec = s.spec
-    kernels = (s.forward, s.backward)
-    lines = [header_comment(spec.path), "#include <torch/library.h>", "", "#include <optional>", "#include <string>", "",
-             '#include "row_binding.h"', f'#include "{spec.name}.h"', "",
-             "#if defined(AVO_WITH_CUDA)", "#include <c10/cuda/CUDAException.h>", "#include <c10/cuda/CUDAGuard.h>",
-             "#include <c10/cuda/CUDAStream.h>", "#endif", "",
-             f"namespace avo::ops::{spec.name} {{", "namespace {", ""]
-    for a in spec.attrs:
-        if a.type == "str":
-            lines += _parser(a)
-    for kernel in kernels:
-        lines += _row_impl(kernel, "cpu", s.forward.inputs)
-    lines.append("#if defined(AVO_WITH_CUDA)")
-    for kernel in kernels:
-        lines += _row_impl(kernel, "cuda", s.forward.inputs)
-    lines += ["#endif", "", "}  // namespace", "", f"TORCH_LIBRARY_IMPL({s.namespace}, CPU, m) {{"]
-    lines += [f'  m.impl("{k.registered_name}", &{k.role}_cpu_impl);' for k in kernels]
-    lines += ["}", "", "#if defined(AVO_WITH_CUDA)", f"TORCH_LIBRARY_IMPL({s.namespace}, CUDA, m) {{"]
-    lines += [f'  m.impl("{k.registered_name}", &{k.role}_cuda_impl);' for k in kernels]
-    lines += ["}", "#endif", "", f"}}  // namespace avo::ops::{spec.name}", ""]
-    return "\n".join(lines)

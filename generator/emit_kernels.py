@@ -243,18 +243,25 @@ def _dispatch_table(role: str) -> list[str]:
     return [f"// Which {role} kernel runs, chosen on the host per call:", *table]
 
 
-def _entry_points(s: OpSchedule, device: str, last_param: str, types: str, call) -> list[str]:
-    """The exported `<role>_<device>` functions: pick the element type for `dtype`
-    (types: the Half, BFloat16 types of this device) and the math for the string
-    attributes, then call `call(kernel, math_init)`."""
+def entry_point(kernel, name: str, last_param: str, types: str, call) -> list[str]:
+    """One exported function: pick the element type for `dtype` (types: the Half,
+    BFloat16 types of the device) and the math for the string attributes, then emit
+    `call(math_init)`."""
+    params = launcher_params(kernel, last_param)
+    lines = [f"void {name}(avo::DType dtype, const {kernel.args_type}& args, {params}) {{",
+             f"  avo::visit_dtype<{types}>(dtype, [&](auto tag) {{",
+             "    using T = typename decltype(tag)::type;"]
+    lines += _dispatch_calls(kernel, call, "    ")
+    lines += ["  });", "}", ""]
+    return lines
+
+
+def entry_points(s: OpSchedule, device: str, last_param: str, types: str, call) -> list[str]:
+    """The exported `<role>_<device>` functions of the forward and the backward."""
     lines = []
     for kernel in (s.forward, s.backward):
-        params = launcher_params(kernel, last_param)
-        lines += [f"void {kernel.role}_{device}(avo::DType dtype, const {kernel.args_type}& args, {params}) {{",
-                  f"  avo::visit_dtype<{types}>(dtype, [&](auto tag) {{",
-                  "    using T = typename decltype(tag)::type;"]
-        lines += _dispatch_calls(kernel, lambda init: call(kernel, init), "    ")
-        lines += ["  });", "}", ""]
+        lines += entry_point(kernel, f"{kernel.role}_{device}", last_param, types,
+                             lambda init, k=kernel: call(k, init))
     return lines
 
 
@@ -267,7 +274,7 @@ def emit_cuda(s: OpSchedule) -> str:
     for kernel in (s.forward, s.backward):
         lines += _cuda_kernels(kernel)
     lines += ["}  // namespace", ""]
-    lines += _entry_points(s, "cuda", "cudaStream_t stream", "__half, __nv_bfloat16",
+    lines += entry_points(s, "cuda", "cudaStream_t stream", "__half, __nv_bfloat16",
                            lambda kernel, init: f"launch_{kernel.role}<T>(args, {init}, stream);")
     lines += [f"}}  // namespace avo::ops::{spec.name}", ""]
     return "\n".join(lines)
@@ -303,7 +310,7 @@ def emit_cpu(s: OpSchedule) -> str:
     for kernel in (s.forward, s.backward):
         lines += _cpu_kernel(kernel)
     lines += ["}  // namespace", ""]
-    lines += _entry_points(s, "cpu", "int64_t begin, int64_t end", "avo::Half, avo::BFloat16",
+    lines += entry_points(s, "cpu", "int64_t begin, int64_t end", "avo::Half, avo::BFloat16",
                            lambda kernel, init: f"{kernel.role}_range<T>(args, {init}, begin, end);")
     lines += [f"}}  // namespace avo::ops::{spec.name}", ""]
     return "\n".join(lines)

@@ -7,7 +7,7 @@ import textwrap
 
 from .emit_kernels import header_comment
 from .model import Attr
-from .schedule import MapKernel, OpSchedule, _camel, channels_first
+from .schedule import MapKernel, OpSchedule, RowKernel, _camel, channels_first
 
 PY_TYPES = {"float": "float", "int": "int", "bool": "bool", "str": "str"}
 
@@ -37,7 +37,7 @@ def _fake(kernel: MapKernel) -> list[str]:
     for a in kernel.op.attrs:
         if a.type == "str":
             lines.append(f'    _runtime.check_choice("{op}", "{a.name}", {a.name}, {a.choices!r})')
-    if hasattr(kernel.outputs[0], "domain"):  # a row op
+    if isinstance(kernel, RowKernel):
         named = ", ".join(f'"{i.name}": ({i.name}, "{i.domain}")' for i in kernel.inputs)
         if kernel.role == "forward":
             outputs = ", ".join(f'("{o.domain}", True)' for o in kernel.outputs)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import textwrap
 
 from .emit_c import StatementPrinter, float_literal
-from .emit_kernels import enum_name, header_comment, launcher_params
+from .emit_kernels import entry_points, entry_point, enum_name, header_comment, launcher_params
 from .ir import REDUCTION_OPS, Graph, Node, make, topological_order
 from .schedule import OpSchedule, RowKernel, Specialization
 
@@ -40,23 +40,6 @@ def strip_no_grad(node: Node, memo: dict[int, Node]) -> Node:
     return result
 
 
-def _below_known(roots, known: dict[int, str]) -> list[Node]:
-    """Nodes reachable from roots without passing through `known` ones, arguments first."""
-    order, seen = [], set()
-    stack = [(r, False) for r in reversed(list(roots))]
-    while stack:
-        node, expanded = stack.pop()
-        if id(node) in seen:
-            continue
-        if expanded or id(node) in known or not node.args:
-            seen.add(id(node))
-            order.append(node)
-            continue
-        stack.append((node, True))
-        stack += [(a, False) for a in reversed(node.args) if id(a) not in seen]
-    return order
-
-
 class ScopePrinter(StatementPrinter):
     """Declares `roots` (C++ name -> node) as `const float` lines; nodes in `known`
     are already computed and referenced by name."""
@@ -65,7 +48,7 @@ class ScopePrinter(StatementPrinter):
                  spec_names: dict[Node, str], taken: set[str]):
         self.roots = roots
         self.leaf_names = leaf_names
-        self.order = _below_known(roots.values(), known)
+        self.order = topological_order(roots.values(), stop=known)
         self.uses = {}
         for node in self.order:
             if id(node) in known:
@@ -153,7 +136,7 @@ class RowProgram:
     def _hoist(self, roots: list[Node]) -> list[str]:
         """Row-level (per-row or constant) subexpressions of `roots`, computed once per
         row before the loop that needs them; afterwards they are known by name."""
-        below = _below_known(roots, self.known)
+        below = topological_order(roots, stop=self.known)
         root_ids = {id(r) for r in roots}
         tops = []
         for node in below:
@@ -236,7 +219,7 @@ class RowProgram:
         if self.column_sums:
             terms = [node.args[0] for node in self.column_sums.values() if node.op == "colsum"]
             lines += self._hoist(terms)
-            for node in _below_known(terms, self.known):
+            for node in topological_order(terms, stop=self.known):
                 if id(node) in self.known and node.domain in ("row", "scalar") and node.op != "input":
                     j = len(self.saved)
                     self.saved.append((self.known[id(node)], node))
@@ -363,26 +346,14 @@ def emit_row_math(s: OpSchedule) -> str:
     return "\n".join(lines)
 
 
-def _dispatch(kernel: RowKernel, call, types: str, device: str, last_param: str, name: str | None = None) -> list[str]:
-    from .emit_kernels import _dispatch_calls
-
-    params = launcher_params(kernel, last_param)
-    lines = [f"void {name or kernel.role + '_' + device}(avo::DType dtype, const {kernel.args_type}& args, {params}) {{",
-             f"  avo::visit_dtype<{types}>(dtype, [&](auto tag) {{", "    using T = typename decltype(tag)::type;"]
-    lines += _dispatch_calls(kernel, call, "    ")
-    lines += ["  });", "}", ""]
-    return lines
-
-
 def emit_row_cuda(s: OpSchedule) -> str:
     """The CUDA entry points: pick the element type and the math, then run the row
     kernels of avo/row_cuda.cuh (a block per row, then the column pass)."""
     spec = s.spec
     lines = [header_comment(spec.path), f'#include "{spec.name}.h"', f'#include "{spec.name}_math.h"', "",
              "#include <avo/row_cuda.cuh>", "", f"namespace avo::ops::{spec.name} {{", ""]
-    for kernel in (s.forward, s.backward):
-        lines += _dispatch(kernel, lambda init, k=kernel: f"avo::launch_row_op<T, {k.args_type}>(args, {init}, stream);",
-                           "__half, __nv_bfloat16", "cuda", "cudaStream_t stream")
+    lines += entry_points(s, "cuda", "cudaStream_t stream", "__half, __nv_bfloat16",
+                           lambda k, init: f"avo::launch_row_op<T, {k.args_type}>(args, {init}, stream);")
     lines += [f"}}  // namespace avo::ops::{spec.name}", ""]
     return "\n".join(lines)
 
@@ -394,11 +365,10 @@ def emit_row_cpu(s: OpSchedule) -> str:
     any_backward_math = bwd.math_struct(bwd.graphs[0][0])
     lines = [header_comment(spec.path), f'#include "{spec.name}.h"', f'#include "{spec.name}_math.h"', "",
              "#include <avo/row_cpu.h>", "", f"namespace avo::ops::{spec.name} {{", ""]
-    for kernel in (s.forward, s.backward):
-        lines += _dispatch(kernel, lambda init, k=kernel: f"avo::run_rows<T, {k.args_type}>(args, {init}, begin, end);",
-                           "avo::Half, avo::BFloat16", "cpu", "int64_t begin, int64_t end")
-    lines += _dispatch(bwd, lambda init: f"avo::run_column_partials<T, BackwardArgs>(args, {init}, begin, end);",
-                       "avo::Half, avo::BFloat16", "cpu", "int64_t begin, int64_t end", name="backward_columns_cpu")
+    lines += entry_points(s, "cpu", "int64_t begin, int64_t end", "avo::Half, avo::BFloat16",
+                           lambda k, init: f"avo::run_rows<T, {k.args_type}>(args, {init}, begin, end);")
+    lines += entry_point(bwd, "backward_columns_cpu", "int64_t begin, int64_t end", "avo::Half, avo::BFloat16",
+                         lambda init: f"avo::run_column_partials<T, BackwardArgs>(args, {init}, begin, end);")
     lines += [
         "void backward_columns_finish_cpu(avo::DType dtype, const BackwardArgs& args, int64_t begin, int64_t end) {",
         "  avo::visit_dtype<avo::Half, avo::BFloat16>(dtype, [&](auto tag) {",

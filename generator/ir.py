@@ -418,7 +418,6 @@ def lower_forward(spec: OpSpec, specialization: dict[str, str]) -> Graph:
     env = base_env(spec)
     lowering = _Lowering(spec, specialization, env)
     names: dict[Node, str] = {}
-    output_names = {o.name for o in spec.outputs}
     string_attrs = {a.name for a in spec.attrs if a.type == "str"}
     bindings: dict[str, Node] = {}
     for line in spec.math:
@@ -434,7 +433,7 @@ def lower_forward(spec: OpSpec, specialization: dict[str, str]) -> Graph:
     for o in spec.outputs:
         if o.name not in env or o.name not in {m.name for m in spec.math}:
             raise SpecError(o.where, f"output '{o.name}' is never assigned in 'math'")
-    results = {o.name: env[o.name] for o in spec.outputs if o.name in output_names}
+    results = {o.name: env[o.name] for o in spec.outputs}
     return Graph(spec, specialization, results, names, bindings)
 
 
@@ -448,8 +447,9 @@ def lower_gradient_override(spec: OpSpec, specialization: dict[str, str], env: d
     return node
 
 
-def topological_order(roots) -> list[Node]:
-    """Every node reachable from `roots`, each after its arguments, in a stable order."""
+def topological_order(roots, stop=()) -> list[Node]:
+    """Every node reachable from `roots`, each after its arguments, in a stable order.
+    Nodes whose id is in `stop` (values already computed) are listed but not entered."""
     order: list[Node] = []
     seen: set[int] = set()
     stack = [(r, False) for r in reversed(list(roots))]
@@ -457,7 +457,7 @@ def topological_order(roots) -> list[Node]:
         node, expanded = stack.pop()
         if id(node) in seen:
             continue
-        if expanded:
+        if expanded or id(node) in stop:
             seen.add(id(node))
             order.append(node)
             continue

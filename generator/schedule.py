@@ -59,17 +59,9 @@ class Specialization:
         return ", ".join(f'{a}="{c}"' for a, c in self.choices)
 
 
-@dataclass(frozen=True)
-class MapKernel:
-    """One elementwise kernel (the forward or the backward of an op)."""
-
-    op: OpSpec
-    role: str  # "forward" or "backward"
-    inputs: tuple[KernelInput, ...]
-    outputs: tuple[str, ...]
-    scalars: tuple[tuple[str, str], ...]  # (attribute, C++ type) passed by value
-    graphs: tuple[tuple[Specialization, Graph], ...]
-    namespace: str  # the torch.library namespace, "avo" for the package
+class KernelNames:
+    """The names a kernel goes by in the generated code and in torch.library; shared by
+    the kernels of every pattern (which provide `op`, `role` and `namespace`)."""
 
     @property
     def registered_name(self) -> str:
@@ -88,7 +80,20 @@ class MapKernel:
 
 
 @dataclass(frozen=True)
-class RowKernel:
+class MapKernel(KernelNames):
+    """One elementwise kernel (the forward or the backward of an op)."""
+
+    op: OpSpec
+    role: str  # "forward" or "backward"
+    inputs: tuple[KernelInput, ...]
+    outputs: tuple[str, ...]
+    scalars: tuple[tuple[str, str], ...]  # (attribute, C++ type) passed by value
+    graphs: tuple[tuple[Specialization, Graph], ...]
+    namespace: str  # the torch.library namespace, "avo" for the package
+
+
+@dataclass(frozen=True)
+class RowKernel(KernelNames):
     """One kernel of the row pattern: rows of the last dimension N, reductions over N,
     then per-element, per-row and (backward) per-column outputs."""
 
@@ -99,15 +104,6 @@ class RowKernel:
     scalars: tuple[tuple[str, str], ...]
     graphs: tuple[tuple[Specialization, Graph], ...]
     namespace: str
-
-    registered_name = MapKernel.registered_name
-    qualified_name = MapKernel.qualified_name
-    args_type = MapKernel.args_type
-    math_struct = MapKernel.math_struct
-
-    @property
-    def output_names(self) -> tuple[str, ...]:
-        return tuple(o.name for o in self.outputs)
 
     @property
     def column_outputs(self) -> tuple[int, ...]:
