@@ -72,8 +72,13 @@ def extension():
     sources = ["csrc/python_module.cpp", *sorted(glob.glob("csrc/generated/*.cpp"))]
     include_dirs = [os.path.join(ROOT, d) for d in ("csrc/include", "csrc", "csrc/generated")]
     cxx_flags = ["-O3"]
+    # Some toolchains link libstdc++ statically. Its symbols must then stay private to the
+    # extension: exported, the process's own libstdc++ (torch's) would take over some of
+    # them (its locale tables, say) and formatting a number in an error message crashes.
+    link_flags = ["-Wl,--exclude-libs,ALL"] if sys.platform.startswith("linux") else []
     if not cuda:
-        return CppExtension("avo_ops._C", sources, include_dirs=include_dirs, extra_compile_args={"cxx": cxx_flags})
+        return CppExtension("avo_ops._C", sources, include_dirs=include_dirs, extra_compile_args={"cxx": cxx_flags},
+                            extra_link_args=link_flags)
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCHS)
     print(f"avo_ops: building CUDA kernels for {os.environ['TORCH_CUDA_ARCH_LIST']}")
     sources += sorted(glob.glob("csrc/generated/*.cu"))
@@ -82,7 +87,11 @@ def extension():
         sources,
         include_dirs=include_dirs,
         define_macros=[("AVO_WITH_CUDA", None)],
-        extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-lineinfo"]},
+        # -fmad=false: the generated math evaluates the same expression in several passes
+        # over a row (x * sigmoid(x) in the mean, then again in x - mean); fused
+        # multiply-adds chosen differently in each would make them disagree.
+        extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-lineinfo", "-fmad=false"]},
+        extra_link_args=link_flags,
     )
 
 

@@ -9,6 +9,7 @@
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <array>
 #include <vector>
 
@@ -33,7 +34,7 @@ struct RowCall {
   RowArgs<NumInputs, NumOutputs> args{};
   std::array<at::Tensor, NumOutputs> outputs;
   std::array<at::Tensor, NumInputs> inputs;  // contiguous versions of the arguments
-  at::Tensor saved, partials;                // workspace of the backward's column pass
+  at::Tensor partials;                       // workspace of the per-column outputs
   DType dtype = DType::Float32;
   at::Device device = at::kCPU;
   std::array<Domain, NumOutputs> output_domains{};
@@ -41,15 +42,18 @@ struct RowCall {
   int64_t batch = 0, channels = 0;  // channel ops
 };
 
-// Rows per chunk of the column pass: at most kMaxChunks chunks, fixed by the row count
-// alone, so that the summation order (and the result) does not depend on the machine.
-constexpr int64_t kMaxChunks = 256;
+// Chunks of the per-column sums: at least kMinRowsPerChunk rows each (the partials are
+// then at most 1/kMinRowsPerChunk of the rows' size in fp32) and at most kMaxChunks of
+// them. Fixed by the row count alone, so the summation order (and the result) does not
+// depend on the machine.
+constexpr int64_t kMinRowsPerChunk = 32;
+constexpr int64_t kMaxChunks = 4096;
 
 template <int NumInputs, int NumOutputs>
 RowCall<NumInputs, NumOutputs> prepare_rows(const char* op, const std::array<RowInput, NumInputs>& inputs,
                                             const std::array<Domain, NumOutputs>& output_domains,
                                             const std::array<bool, NumOutputs>& wanted, int column_sums,
-                                            int saved_per_row, bool channels_first = false) {
+                                            bool channels_first = false) {
   RowCall<NumInputs, NumOutputs> call;
   call.output_domains = output_domains;
   call.wanted = wanted;
@@ -125,17 +129,11 @@ RowCall<NumInputs, NumOutputs> prepare_rows(const char* op, const std::array<Row
       if (wanted[k] && output_domains[k] == Domain::Col) call.outputs[k].zero_();
   }
   if (column_outputs && rows > 0 && column_sums > 0) {
-    const int64_t per_chunk = (rows + kMaxChunks - 1) / kMaxChunks;
+    const int64_t per_chunk = std::max(kMinRowsPerChunk, (rows + kMaxChunks - 1) / kMaxChunks);
     call.args.rows_per_chunk = per_chunk;
     call.args.chunks = (rows + per_chunk - 1) / per_chunk;
-    const auto fp32 = options.dtype(at::kFloat);
-    call.partials = at::empty({column_sums, call.args.chunks, length}, fp32);
+    call.partials = at::zeros({column_sums, call.args.chunks, length}, options.dtype(at::kFloat));
     call.args.partials = static_cast<float*>(call.partials.data_ptr());
-    if (saved_per_row > 0) {
-      call.saved = at::empty({rows, saved_per_row}, fp32);
-      call.args.saved = static_cast<float*>(call.saved.data_ptr());
-      call.args.saved_per_row = saved_per_row;
-    }
   }
   return call;
 }
@@ -155,6 +153,19 @@ void finish_channel_outputs(RowCall<NumInputs, NumOutputs>& call, at::ScalarType
 inline int64_t row_grain(int64_t length) {
   constexpr int64_t kGrainElements = 32768;
   return length > 0 ? (kGrainElements + length - 1) / length : kGrainElements;
+}
+
+// Runs f(begin, end) over the rows in parallel on the CPU; when there are per-column
+// sums, each task takes whole chunks (a chunk's partials have one writer).
+template <typename Args, typename F>
+void parallel_rows(const Args& args, const F& f) {
+  if (args.partials == nullptr) {
+    at::parallel_for(0, args.rows, row_grain(args.length), f);
+    return;
+  }
+  at::parallel_for(0, args.chunks, 1, [&](int64_t first, int64_t last) {
+    f(first * args.rows_per_chunk, std::min(last * args.rows_per_chunk, args.rows));
+  });
 }
 
 }  // namespace avo::binding

@@ -169,17 +169,15 @@ def _row_impl(kernel, device: str, spec_inputs) -> list[str]:
     n_in, n_out = len(kernel.inputs), len(kernel.outputs)
     channel_op = channels_first(kernel)
     lines.append(f'  auto call = avo::binding::prepare_rows<{n_in}, {n_out}>("{op}", {{{{{named}}}}}, {{{{{domains}}}}}, '
-                 f"{{{{{wanted}}}}}, kColumnSums, kSavedPerRow{', /*channels_first=*/true' if channel_op else ''});")
+                 f"{{{{{wanted}}}}}, kColumnSums{', /*channels_first=*/true' if channel_op else ''});")
     extra = _extra_launch_args(kernel)
     lines.append("  const auto& args = call.args;")
     if device == "cpu":
         lines += ["  if (args.rows > 0) {",
-                  "    at::parallel_for(0, args.rows, avo::binding::row_grain(args.length), [&](int64_t begin, int64_t end) {",
+                  "    avo::binding::parallel_rows(args, [&](int64_t begin, int64_t end) {",
                   f"      {kernel.role}_cpu(call.dtype, args{extra}, begin, end);", "    });"]
         if kernel.role == "backward":
             lines += ["    if (args.partials != nullptr) {",
-                      "      at::parallel_for(0, args.chunks, 1, [&](int64_t begin, int64_t end) {",
-                      f"        backward_columns_cpu(call.dtype, args{extra}, begin, end);", "      });",
                       "      at::parallel_for(0, args.length, 256, [&](int64_t begin, int64_t end) {",
                       "        backward_columns_finish_cpu(call.dtype, args, begin, end);", "      });", "    }"]
         lines.append("  }")

@@ -1,18 +1,20 @@
 """Emit the kernels of the **row** pattern: per row, reductions over the last dimension
 N (one pass over the row per level of nested reductions), then the elementwise outputs;
-for a backward, also per-column sums (gradients of [N]-shaped parameters) in a
-deterministic two-stage column pass.
+for a backward, also per-column sums (gradients of [N]-shaped parameters), accumulated
+per chunk of rows and then summed over the chunks in a fixed order (deterministic).
 
 The math of a row op is one function, `apply(row)`, written against a row object that
-provides loads, stores, `row.sum(term)`, `row.max(term)`, `row.for_each(body)`: the CPU
-(avo/row_cpu.h) and the GPU (avo/row_cuda.cuh, a thread block per row) supply their own.
+provides `row.sum(term)`, `row.max(term)`, `row.for_each(body)` and
+`row.column_sums<K>(terms)`; each calls its lambda once per element with an element
+handle `at` (`at.load(k)`, `at.load_col(k, missing)`, `at.store(k, value)`). The CPU
+(avo/row_cpu.h) and the GPU (avo/row_cuda.cuh: the row held in registers) supply their own.
 """
 from __future__ import annotations
 
 import textwrap
 
 from .emit_c import StatementPrinter, float_literal
-from .emit_kernels import entry_points, entry_point, enum_name, header_comment, launcher_params
+from .emit_kernels import entry_points, enum_name, header_comment, launcher_params
 from .ir import REDUCTION_OPS, Graph, Node, make, topological_order
 from .schedule import OpSchedule, RowKernel, Specialization
 
@@ -101,14 +103,15 @@ def _fresh(taken: set[str], prefix: str) -> str:
 
 
 class RowProgram:
-    """The C++ body of `apply(row)` (and, for a backward, `column_terms`) of one graph."""
+    """The C++ body of `apply(row)` of one graph."""
 
     def __init__(self, kernel: RowKernel, graph: Graph):
         self.kernel = kernel
         memo: dict[int, Node] = {}
         self.results = {name: strip_no_grad(node, memo) for name, node in graph.results.items()}
         self.spec_names = {strip_no_grad(n, memo): name for n, name in graph.names.items()}
-        self.taken = {i.name for i in kernel.inputs} | {name for name, _ in kernel.scalars} | {"length", "row", "n"}
+        self.taken = {i.name for i in kernel.inputs} | {name for name, _ in kernel.scalars} | {"length", "row", "at",
+                                                                                               "terms"}
         self.known: dict[int, str] = {}
         self.leaf_names = {i.name: i.name for i in kernel.inputs}
         self.leaf_names.update({name: name for name, _ in kernel.scalars})
@@ -127,9 +130,9 @@ class RowProgram:
             k = self.input_index[node.value]
             i = self.kernel.inputs[k]
             if i.domain == "elem":
-                value = f"row.load({k}, n)"
+                value = f"at.load({k})"
             else:
-                value = f"row.load_col({k}, n, {float_literal(i.default if i.default is not None else 0.0)})"
+                value = f"at.load_col({k}, {float_literal(i.default if i.default is not None else 0.0)})"
             lines.append(f"const float {node.value} = {value};")
         return lines
 
@@ -193,7 +196,7 @@ class RowProgram:
             for r in stage:
                 name = _fresh(self.taken, f"{REDUCE_CALL[r.op]}_")
                 block = self._element_block({"term": r.args[0]})
-                lines.append(f"const float {name} = row.{REDUCE_CALL[r.op]}([&](int64_t n) {{")
+                lines.append(f"const float {name} = row.{REDUCE_CALL[r.op]}([&](const auto& at) {{")
                 lines += [f"  {line}" for line in block] + ["  return term;", "});"]
                 self.known[id(r)] = name
         outputs = list(self.kernel.outputs)
@@ -210,20 +213,20 @@ class RowProgram:
         if elem:
             lines += self._hoist(list(elem.values()))
             block = self._element_block(dict(elem))
-            lines.append("row.for_each([&](int64_t n) {")
+            lines.append("row.for_each([&](const auto& at) {")
             lines += [f"  {line}" for line in block]
-            lines += [f"  row.store({self._output_index(name)}, n, {name});" for name in elem]
+            lines += [f"  at.store({self._output_index(name)}, {name});" for name in elem]
             lines.append("});")
-        # The per-row values the column pass needs are saved for it.
-        self.saved: list[tuple[str, Node]] = []
         if self.column_sums:
-            terms = [node.args[0] for node in self.column_sums.values() if node.op == "colsum"]
-            lines += self._hoist(terms)
-            for node in topological_order(terms, stop=self.known):
-                if id(node) in self.known and node.domain in ("row", "scalar") and node.op != "input":
-                    j = len(self.saved)
-                    self.saved.append((self.known[id(node)], node))
-                    lines.append(f"row.save({j}, {self.known[id(node)]});")
+            # The summand of each per-column output at this element, in column_output order.
+            roots = {f"term_{k}": node.args[0] if node.op == "colsum" else node
+                     for k, node in enumerate(self.column_sums.values())}
+            lines += self._hoist(list(roots.values()))
+            block = self._element_block(roots)
+            lines.append("row.template column_sums<kColumnSums>([&](const auto& at, float* terms) {")
+            lines += [f"  {line}" for line in block]
+            lines += [f"  terms[{k}] = term_{k};" for k in range(len(roots))]
+            lines.append("});")
         return lines
 
     def _scalar(self, node: Node) -> str:
@@ -232,37 +235,21 @@ class RowProgram:
     def _output_index(self, name: str) -> int:
         return [o.name for o in self.kernel.outputs].index(name)
 
-    def column_lines(self) -> list[str]:
-        """Body of column_terms(row, n, terms): the summand of each per-column output."""
-        known = {id(node): name for name, node in self.saved}
-        lines = ["[[maybe_unused]] const float length = float(row.length());"]
-        lines += [f"const float {name} = row.saved({j});" for j, (name, _) in enumerate(self.saved)]
-        roots = {}
-        for k, (name, node) in enumerate(self.column_sums.items()):
-            roots[f"term_{k}"] = node.args[0] if node.op == "colsum" else node
-        printer = ScopePrinter(roots, known, self.leaf_names, self.spec_names, set(self.taken))
-        body = printer.lines()
-        lines += self._loads(printer.order) + body
-        lines += [f"terms[{k}] = term_{k};" for k in range(len(roots))]
-        return lines
-
 
 # ---------------------------------------------------------------------------------
 # Files of a row op
 # ---------------------------------------------------------------------------------
 
-CHUNK_NOTE = ("// The backward's column pass sums per-column terms over chunks of rows into fp32\n"
-              "// partials, then the partials in chunk order: deterministic, no atomics.")
+CHUNK_NOTE = ("// Per-column outputs of the backward: fp32 partial sums per chunk of rows, then the\n"
+              "// partials summed in chunk order (deterministic, no atomics).")
 
 
-def _programs(kernel: RowKernel) -> list[tuple[Specialization, RowProgram, list[str], list[str]]]:
-    out = []
-    for specialization, graph in kernel.graphs:
-        program = RowProgram(kernel, graph)
-        apply = program.apply_lines()
-        columns = program.column_lines() if program.column_sums else []
-        out.append((specialization, program, apply, columns))
-    return out
+def _programs(kernel: RowKernel) -> list[tuple[Specialization, list[str]]]:
+    return [(specialization, RowProgram(kernel, graph).apply_lines()) for specialization, graph in kernel.graphs]
+
+
+def _mask(flags: list[bool]) -> str:
+    return f"0x{sum(1 << k for k, f in enumerate(flags) if f):x}u"
 
 
 def _describe(kernel: RowKernel) -> str:
@@ -277,7 +264,6 @@ _WORD = {"elem": "element", "col": "column", "row": "row", "chan": "channel"}
 
 def emit_row_header(s: OpSchedule) -> str:
     spec, bwd = s.spec, s.backward
-    saved = max((len(p.saved) for _, p, _, _ in _programs(bwd)), default=0)
     lines = [header_comment(spec.path), "#pragma once", "", "#include <cstdint>", "",
              "#include <avo/dtype.h>", "#include <avo/row_args.h>", "",
              "#if defined(AVO_WITH_CUDA)", "#include <cuda_runtime_api.h>", "#endif", "",
@@ -291,17 +277,13 @@ def emit_row_header(s: OpSchedule) -> str:
         lines += [f"using {kernel.args_type} = avo::RowArgs<{len(kernel.inputs)}, {len(kernel.outputs)}>;", ""]
     columns = bwd.column_outputs
     lines += [CHUNK_NOTE,
-              f"constexpr int kColumnSums = {len(columns)};",
-
-              f"constexpr int kSavedPerRow = {saved};", "",
-              "// CPU: the row kernels take rows [begin, end); the column pass chunks [begin, end),",
-              "// then its finish columns [begin, end). The caller splits the work."]
+              f"constexpr int kColumnSums = {len(columns)};", "",
+              "// CPU: the row kernels take rows [begin, end) (whole chunks when there are per-column",
+              "// outputs); the finish sums columns [begin, end). The caller splits the work."]
     for kernel in (s.forward, s.backward):
         lines.append(f"void {kernel.role}_cpu(avo::DType dtype, const {kernel.args_type}& args, "
                      f"{launcher_params(kernel, 'int64_t begin, int64_t end')});")
-    lines += [f"void backward_columns_cpu(avo::DType dtype, const BackwardArgs& args, "
-              f"{launcher_params(s.backward, 'int64_t begin, int64_t end')});",
-              "void backward_columns_finish_cpu(avo::DType dtype, const BackwardArgs& args, int64_t begin, int64_t end);",
+    lines += ["void backward_columns_finish_cpu(avo::DType dtype, const BackwardArgs& args, int64_t begin, int64_t end);",
               "", "#if defined(AVO_WITH_CUDA)", "// CUDA launchers enqueue their kernels on `stream`."]
     for kernel in (s.forward, s.backward):
         lines.append(f"void {kernel.role}_cuda(avo::DType dtype, const {kernel.args_type}& args, "
@@ -316,31 +298,29 @@ def emit_row_math(s: OpSchedule) -> str:
              "#include <avo/common.h>", "#include <avo/math.h>", "", f"namespace avo::ops::{spec.name} {{", ""]
     lines += [f"// {line}" for line in textwrap.wrap(spec.doc, 86)] + [""]
     for kernel in (s.forward, s.backward):
-        for specialization, program, apply, column_body in _programs(kernel):
+        for specialization, apply in _programs(kernel):
             title = f"{kernel.role.capitalize()} of one row"
             if specialization.choices:
                 title += f", for {specialization.description}"
             columns = kernel.column_outputs if kernel.role == "backward" else ()
             lines += [f"// {title}.", f"struct {kernel.math_struct(specialization)} {{"]
             lines += [f"  {ctype} {name};" for name, ctype in kernel.scalars]
-            lines += ["  // Per-column outputs (summed over rows by the column pass): how many, and where.",
+            elem_inputs = _mask([i.domain == "elem" for i in kernel.inputs])
+            elem_outputs = _mask([o.domain == "elem" for o in kernel.outputs])
+            lines += ["  // Which inputs and outputs are per element (bit k: input or output k).",
+                      f"  static constexpr unsigned kElementInputs = {elem_inputs};",
+                      f"  static constexpr unsigned kElementOutputs = {elem_outputs};",
+                      "  // Per-column outputs (summed over rows by the column pass): how many, and where.",
                       f"  static constexpr int kColumnSums = {len(columns)};",
                       "  AVO_HOST_DEVICE static constexpr int column_output(int k) { return "
                       + "".join(f"k == {k} ? {c} : " for k, c in enumerate(columns)) + "-1; }", ""]
-            lines += ["  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: avo::SerialRow or avo::BlockRow.",
+            lines += ["  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or",
+                      "  // avo/row_cuda.cuh.",
                       "  template <typename Precision, typename Row>",
                       "  AVO_HOST_DEVICE void apply(const Row& row) const {",
                       "    using F [[maybe_unused]] = avo::Functions<Precision>;"]
             lines += [f"    {line}" for line in apply]
             lines.append("  }")
-            if kernel.role == "backward":
-                lines += ["", "  // The summand at (row, n) of each per-column output, in column_output order.",
-                          "  template <typename Precision, typename Row>",
-                          "  AVO_HOST_DEVICE void column_terms(const Row& row, int64_t n, float* terms) const {",
-                          "    using F [[maybe_unused]] = avo::Functions<Precision>;"]
-                lines += [f"    {line}" for line in column_body] if column_body else ["    (void)row;", "    (void)n;",
-                                                                                       "    (void)terms;"]
-                lines.append("  }")
             lines += ["};", ""]
     lines += [f"}}  // namespace avo::ops::{spec.name}", ""]
     return "\n".join(lines)
@@ -348,7 +328,7 @@ def emit_row_math(s: OpSchedule) -> str:
 
 def emit_row_cuda(s: OpSchedule) -> str:
     """The CUDA entry points: pick the element type and the math, then run the row
-    kernels of avo/row_cuda.cuh (a block per row, then the column pass)."""
+    kernels of avo/row_cuda.cuh (which pick the kernel version for the row length)."""
     spec = s.spec
     lines = [header_comment(spec.path), f'#include "{spec.name}.h"', f'#include "{spec.name}_math.h"', "",
              "#include <avo/row_cuda.cuh>", "", f"namespace avo::ops::{spec.name} {{", ""]
@@ -360,15 +340,13 @@ def emit_row_cuda(s: OpSchedule) -> str:
 
 def emit_row_cpu(s: OpSchedule) -> str:
     """The CPU entry points: pick the element type and the math, then run the loops of
-    avo/row_cpu.h over the rows (and chunks, and columns) the caller hands out."""
+    avo/row_cpu.h over the rows (and columns) the caller hands out."""
     spec, bwd = s.spec, s.backward
     any_backward_math = bwd.math_struct(bwd.graphs[0][0])
     lines = [header_comment(spec.path), f'#include "{spec.name}.h"', f'#include "{spec.name}_math.h"', "",
              "#include <avo/row_cpu.h>", "", f"namespace avo::ops::{spec.name} {{", ""]
     lines += entry_points(s, "cpu", "int64_t begin, int64_t end", "avo::Half, avo::BFloat16",
                            lambda k, init: f"avo::run_rows<T, {k.args_type}>(args, {init}, begin, end);")
-    lines += entry_point(bwd, "backward_columns_cpu", "int64_t begin, int64_t end", "avo::Half, avo::BFloat16",
-                         lambda init: f"avo::run_column_partials<T, BackwardArgs>(args, {init}, begin, end);")
     lines += [
         "void backward_columns_finish_cpu(avo::DType dtype, const BackwardArgs& args, int64_t begin, int64_t end) {",
         "  avo::visit_dtype<avo::Half, avo::BFloat16>(dtype, [&](auto tag) {",

@@ -18,42 +18,46 @@ namespace avo::ops::add_layernorm {
 // Forward of one row.
 struct ForwardMath {
   float eps;
+  // Which inputs and outputs are per element (bit k: input or output k).
+  static constexpr unsigned kElementInputs = 0x3u;
+  static constexpr unsigned kElementOutputs = 0x3u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 0;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
 
-  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: avo::SerialRow or avo::BlockRow.
+  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
+  // avo/row_cuda.cuh.
   template <typename Precision, typename Row>
   AVO_HOST_DEVICE void apply(const Row& row) const {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
-    const float sum_0 = row.sum([&](int64_t n) {
-      const float x = row.load(0, n);
-      const float residual = row.load(1, n);
+    const float sum_0 = row.sum([&](const auto& at) {
+      const float x = at.load(0);
+      const float residual = at.load(1);
       const float hidden = x + residual;
       const float term = hidden;
       return term;
     });
     const float mu = sum_0 / length;
-    const float sum_1 = row.sum([&](int64_t n) {
-      const float x = row.load(0, n);
-      const float residual = row.load(1, n);
+    const float sum_1 = row.sum([&](const auto& at) {
+      const float x = at.load(0);
+      const float residual = at.load(1);
       const float hidden = x + residual;
       const float centered = hidden - mu;
       const float term = centered * centered;
       return term;
     });
     const float rstd = F::rsqrt(sum_1 / length + eps);
-    row.for_each([&](int64_t n) {
-      const float x = row.load(0, n);
-      const float residual = row.load(1, n);
-      const float weight = row.load_col(2, n, 1.0f);
-      const float bias = row.load_col(3, n, 0.0f);
+    row.for_each([&](const auto& at) {
+      const float x = at.load(0);
+      const float residual = at.load(1);
+      const float weight = at.load_col(2, 1.0f);
+      const float bias = at.load_col(3, 0.0f);
       const float hidden = x + residual;
       const float centered = hidden - mu;
       const float y = centered * rstd * weight + bias;
-      row.store(0, n, hidden);
-      row.store(1, n, y);
+      at.store(0, hidden);
+      at.store(1, y);
     });
   }
 };
@@ -61,36 +65,40 @@ struct ForwardMath {
 // Backward of one row.
 struct BackwardMath {
   float eps;
+  // Which inputs and outputs are per element (bit k: input or output k).
+  static constexpr unsigned kElementInputs = 0xfu;
+  static constexpr unsigned kElementOutputs = 0x3u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 2;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return k == 0 ? 2 : k == 1 ? 3 : -1; }
 
-  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: avo::SerialRow or avo::BlockRow.
+  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
+  // avo/row_cuda.cuh.
   template <typename Precision, typename Row>
   AVO_HOST_DEVICE void apply(const Row& row) const {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
-    const float sum_0 = row.sum([&](int64_t n) {
-      const float x = row.load(2, n);
-      const float residual = row.load(3, n);
+    const float sum_0 = row.sum([&](const auto& at) {
+      const float x = at.load(2);
+      const float residual = at.load(3);
       const float hidden = x + residual;
       const float term = hidden;
       return term;
     });
     const float mu = sum_0 / length;
-    const float sum_1 = row.sum([&](int64_t n) {
-      const float x = row.load(2, n);
-      const float residual = row.load(3, n);
+    const float sum_1 = row.sum([&](const auto& at) {
+      const float x = at.load(2);
+      const float residual = at.load(3);
       const float hidden = x + residual;
       const float centered = hidden - mu;
       const float term = centered * centered;
       return term;
     });
-    const float sum_2 = row.sum([&](int64_t n) {
-      const float grad_y = row.load(1, n);
-      const float weight = row.load_col(4, n, 1.0f);
-      const float x = row.load(2, n);
-      const float residual = row.load(3, n);
+    const float sum_2 = row.sum([&](const auto& at) {
+      const float grad_y = at.load(1);
+      const float weight = at.load_col(4, 1.0f);
+      const float x = at.load(2);
+      const float residual = at.load(3);
       const float hidden = x + residual;
       const float centered = hidden - mu;
       const float term = grad_y * weight * centered;
@@ -98,11 +106,11 @@ struct BackwardMath {
     });
     const float rstd = F::rsqrt(sum_1 / length + eps);
     const float r0 = sum_2 * (-0.5f) * (rstd * rstd * rstd) / length;
-    const float sum_3 = row.sum([&](int64_t n) {
-      const float grad_y = row.load(1, n);
-      const float weight = row.load_col(4, n, 1.0f);
-      const float x = row.load(2, n);
-      const float residual = row.load(3, n);
+    const float sum_3 = row.sum([&](const auto& at) {
+      const float grad_y = at.load(1);
+      const float weight = at.load_col(4, 1.0f);
+      const float x = at.load(2);
+      const float residual = at.load(3);
       const float hidden = x + residual;
       const float centered = hidden - mu;
       const float t0 = r0 * centered;
@@ -110,40 +118,31 @@ struct BackwardMath {
       return term;
     });
     const float r1 = sum_3 / length;
-    row.for_each([&](int64_t n) {
-      const float grad_hidden = row.load(0, n);
-      const float grad_y = row.load(1, n);
-      const float weight = row.load_col(4, n, 1.0f);
-      const float x = row.load(2, n);
-      const float residual = row.load(3, n);
+    row.for_each([&](const auto& at) {
+      const float grad_hidden = at.load(0);
+      const float grad_y = at.load(1);
+      const float weight = at.load_col(4, 1.0f);
+      const float x = at.load(2);
+      const float residual = at.load(3);
       const float hidden = x + residual;
       const float centered = hidden - mu;
       const float t0 = r0 * centered;
       const float grad_x = grad_hidden + (grad_y * weight * rstd + t0 + t0) + r1;
       const float grad_residual = grad_x;
-      row.store(0, n, grad_x);
-      row.store(1, n, grad_residual);
+      at.store(0, grad_x);
+      at.store(1, grad_residual);
     });
-    row.save(0, mu);
-    row.save(1, rstd);
-  }
-
-  // The summand at (row, n) of each per-column output, in column_output order.
-  template <typename Precision, typename Row>
-  AVO_HOST_DEVICE void column_terms(const Row& row, int64_t n, float* terms) const {
-    using F [[maybe_unused]] = avo::Functions<Precision>;
-    [[maybe_unused]] const float length = float(row.length());
-    const float mu = row.saved(0);
-    const float rstd = row.saved(1);
-    const float grad_y = row.load(1, n);
-    const float x = row.load(2, n);
-    const float residual = row.load(3, n);
-    const float hidden = x + residual;
-    const float centered = hidden - mu;
-    const float term_0 = grad_y * (centered * rstd);
-    const float term_1 = grad_y;
-    terms[0] = term_0;
-    terms[1] = term_1;
+    row.template column_sums<kColumnSums>([&](const auto& at, float* terms) {
+      const float grad_y = at.load(1);
+      const float x = at.load(2);
+      const float residual = at.load(3);
+      const float hidden = x + residual;
+      const float centered = hidden - mu;
+      const float term_0 = grad_y * (centered * rstd);
+      const float term_1 = grad_y;
+      terms[0] = term_0;
+      terms[1] = term_1;
+    });
   }
 };
 

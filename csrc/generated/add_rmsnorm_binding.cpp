@@ -19,10 +19,10 @@ namespace avo::ops::add_rmsnorm {
 namespace {
 
 std::tuple<at::Tensor, at::Tensor> forward_cpu_impl(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
-  auto call = avo::binding::prepare_rows<3, 2>("avo::add_rmsnorm", {{{"x", &x, avo::binding::Domain::Elem}, {"residual", &residual, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Elem}}, {{true, true}}, kColumnSums, kSavedPerRow);
+  auto call = avo::binding::prepare_rows<3, 2>("avo::add_rmsnorm", {{{"x", &x, avo::binding::Domain::Elem}, {"residual", &residual, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Elem}}, {{true, true}}, kColumnSums);
   const auto& args = call.args;
   if (args.rows > 0) {
-    at::parallel_for(0, args.rows, avo::binding::row_grain(args.length), [&](int64_t begin, int64_t end) {
+    avo::binding::parallel_rows(args, [&](int64_t begin, int64_t end) {
       forward_cpu(call.dtype, args, static_cast<float>(eps), begin, end);
     });
   }
@@ -30,16 +30,13 @@ std::tuple<at::Tensor, at::Tensor> forward_cpu_impl(const at::Tensor& x, const a
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu_impl(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
-  auto call = avo::binding::prepare_rows<5, 3>("avo::add_rmsnorm_backward", {{{"grad_hidden", &grad_hidden, avo::binding::Domain::Elem}, {"grad_y", &grad_y, avo::binding::Domain::Elem}, {"x", &x, avo::binding::Domain::Elem}, {"residual", &residual, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Elem, avo::binding::Domain::Col}}, {{true, true, weight.has_value()}}, kColumnSums, kSavedPerRow);
+  auto call = avo::binding::prepare_rows<5, 3>("avo::add_rmsnorm_backward", {{{"grad_hidden", &grad_hidden, avo::binding::Domain::Elem}, {"grad_y", &grad_y, avo::binding::Domain::Elem}, {"x", &x, avo::binding::Domain::Elem}, {"residual", &residual, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Elem, avo::binding::Domain::Col}}, {{true, true, weight.has_value()}}, kColumnSums);
   const auto& args = call.args;
   if (args.rows > 0) {
-    at::parallel_for(0, args.rows, avo::binding::row_grain(args.length), [&](int64_t begin, int64_t end) {
+    avo::binding::parallel_rows(args, [&](int64_t begin, int64_t end) {
       backward_cpu(call.dtype, args, static_cast<float>(eps), begin, end);
     });
     if (args.partials != nullptr) {
-      at::parallel_for(0, args.chunks, 1, [&](int64_t begin, int64_t end) {
-        backward_columns_cpu(call.dtype, args, static_cast<float>(eps), begin, end);
-      });
       at::parallel_for(0, args.length, 256, [&](int64_t begin, int64_t end) {
         backward_columns_finish_cpu(call.dtype, args, begin, end);
       });
@@ -50,7 +47,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu_impl(const at::Tenso
 
 #if defined(AVO_WITH_CUDA)
 std::tuple<at::Tensor, at::Tensor> forward_cuda_impl(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
-  auto call = avo::binding::prepare_rows<3, 2>("avo::add_rmsnorm", {{{"x", &x, avo::binding::Domain::Elem}, {"residual", &residual, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Elem}}, {{true, true}}, kColumnSums, kSavedPerRow);
+  auto call = avo::binding::prepare_rows<3, 2>("avo::add_rmsnorm", {{{"x", &x, avo::binding::Domain::Elem}, {"residual", &residual, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Elem}}, {{true, true}}, kColumnSums);
   const auto& args = call.args;
   const c10::cuda::CUDAGuard device_guard(call.device);
   forward_cuda(call.dtype, args, static_cast<float>(eps), c10::cuda::getCurrentCUDAStream());
@@ -59,7 +56,7 @@ std::tuple<at::Tensor, at::Tensor> forward_cuda_impl(const at::Tensor& x, const 
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda_impl(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
-  auto call = avo::binding::prepare_rows<5, 3>("avo::add_rmsnorm_backward", {{{"grad_hidden", &grad_hidden, avo::binding::Domain::Elem}, {"grad_y", &grad_y, avo::binding::Domain::Elem}, {"x", &x, avo::binding::Domain::Elem}, {"residual", &residual, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Elem, avo::binding::Domain::Col}}, {{true, true, weight.has_value()}}, kColumnSums, kSavedPerRow);
+  auto call = avo::binding::prepare_rows<5, 3>("avo::add_rmsnorm_backward", {{{"grad_hidden", &grad_hidden, avo::binding::Domain::Elem}, {"grad_y", &grad_y, avo::binding::Domain::Elem}, {"x", &x, avo::binding::Domain::Elem}, {"residual", &residual, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Elem, avo::binding::Domain::Col}}, {{true, true, weight.has_value()}}, kColumnSums);
   const auto& args = call.args;
   const c10::cuda::CUDAGuard device_guard(call.device);
   backward_cuda(call.dtype, args, static_cast<float>(eps), c10::cuda::getCurrentCUDAStream());

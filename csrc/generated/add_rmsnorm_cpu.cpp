@@ -22,13 +22,6 @@ void backward_cpu(avo::DType dtype, const BackwardArgs& args, float eps, int64_t
   });
 }
 
-void backward_columns_cpu(avo::DType dtype, const BackwardArgs& args, float eps, int64_t begin, int64_t end) {
-  avo::visit_dtype<avo::Half, avo::BFloat16>(dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    avo::run_column_partials<T, BackwardArgs>(args, BackwardMath{eps}, begin, end);
-  });
-}
-
 void backward_columns_finish_cpu(avo::DType dtype, const BackwardArgs& args, int64_t begin, int64_t end) {
   avo::visit_dtype<avo::Half, avo::BFloat16>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;

@@ -19,10 +19,10 @@ namespace avo::ops::channel_norm {
 namespace {
 
 at::Tensor forward_cpu_impl(const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
-  auto call = avo::binding::prepare_rows<3, 1>("avo::channel_norm", {{{"x", &x, avo::binding::Domain::Elem}, {"gamma", gamma.has_value() ? &*gamma : nullptr, avo::binding::Domain::Channel}, {"beta", beta.has_value() ? &*beta : nullptr, avo::binding::Domain::Channel}}}, {{avo::binding::Domain::Elem}}, {{true}}, kColumnSums, kSavedPerRow, /*channels_first=*/true);
+  auto call = avo::binding::prepare_rows<3, 1>("avo::channel_norm", {{{"x", &x, avo::binding::Domain::Elem}, {"gamma", gamma.has_value() ? &*gamma : nullptr, avo::binding::Domain::Channel}, {"beta", beta.has_value() ? &*beta : nullptr, avo::binding::Domain::Channel}}}, {{avo::binding::Domain::Elem}}, {{true}}, kColumnSums, /*channels_first=*/true);
   const auto& args = call.args;
   if (args.rows > 0) {
-    at::parallel_for(0, args.rows, avo::binding::row_grain(args.length), [&](int64_t begin, int64_t end) {
+    avo::binding::parallel_rows(args, [&](int64_t begin, int64_t end) {
       forward_cpu(call.dtype, args, static_cast<float>(eps), static_cast<bool>(swish), begin, end);
     });
   }
@@ -30,16 +30,13 @@ at::Tensor forward_cpu_impl(const at::Tensor& x, const std::optional<at::Tensor>
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu_impl(const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
-  auto call = avo::binding::prepare_rows<4, 3>("avo::channel_norm_backward", {{{"grad_y", &grad_y, avo::binding::Domain::Elem}, {"x", &x, avo::binding::Domain::Elem}, {"gamma", gamma.has_value() ? &*gamma : nullptr, avo::binding::Domain::Channel}, {"beta", beta.has_value() ? &*beta : nullptr, avo::binding::Domain::Channel}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Channel, avo::binding::Domain::Channel}}, {{true, gamma.has_value(), beta.has_value()}}, kColumnSums, kSavedPerRow, /*channels_first=*/true);
+  auto call = avo::binding::prepare_rows<4, 3>("avo::channel_norm_backward", {{{"grad_y", &grad_y, avo::binding::Domain::Elem}, {"x", &x, avo::binding::Domain::Elem}, {"gamma", gamma.has_value() ? &*gamma : nullptr, avo::binding::Domain::Channel}, {"beta", beta.has_value() ? &*beta : nullptr, avo::binding::Domain::Channel}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Channel, avo::binding::Domain::Channel}}, {{true, gamma.has_value(), beta.has_value()}}, kColumnSums, /*channels_first=*/true);
   const auto& args = call.args;
   if (args.rows > 0) {
-    at::parallel_for(0, args.rows, avo::binding::row_grain(args.length), [&](int64_t begin, int64_t end) {
+    avo::binding::parallel_rows(args, [&](int64_t begin, int64_t end) {
       backward_cpu(call.dtype, args, static_cast<float>(eps), static_cast<bool>(swish), begin, end);
     });
     if (args.partials != nullptr) {
-      at::parallel_for(0, args.chunks, 1, [&](int64_t begin, int64_t end) {
-        backward_columns_cpu(call.dtype, args, static_cast<float>(eps), static_cast<bool>(swish), begin, end);
-      });
       at::parallel_for(0, args.length, 256, [&](int64_t begin, int64_t end) {
         backward_columns_finish_cpu(call.dtype, args, begin, end);
       });
@@ -51,7 +48,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu_impl(const at::Tenso
 
 #if defined(AVO_WITH_CUDA)
 at::Tensor forward_cuda_impl(const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
-  auto call = avo::binding::prepare_rows<3, 1>("avo::channel_norm", {{{"x", &x, avo::binding::Domain::Elem}, {"gamma", gamma.has_value() ? &*gamma : nullptr, avo::binding::Domain::Channel}, {"beta", beta.has_value() ? &*beta : nullptr, avo::binding::Domain::Channel}}}, {{avo::binding::Domain::Elem}}, {{true}}, kColumnSums, kSavedPerRow, /*channels_first=*/true);
+  auto call = avo::binding::prepare_rows<3, 1>("avo::channel_norm", {{{"x", &x, avo::binding::Domain::Elem}, {"gamma", gamma.has_value() ? &*gamma : nullptr, avo::binding::Domain::Channel}, {"beta", beta.has_value() ? &*beta : nullptr, avo::binding::Domain::Channel}}}, {{avo::binding::Domain::Elem}}, {{true}}, kColumnSums, /*channels_first=*/true);
   const auto& args = call.args;
   const c10::cuda::CUDAGuard device_guard(call.device);
   forward_cuda(call.dtype, args, static_cast<float>(eps), static_cast<bool>(swish), c10::cuda::getCurrentCUDAStream());
@@ -60,7 +57,7 @@ at::Tensor forward_cuda_impl(const at::Tensor& x, const std::optional<at::Tensor
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda_impl(const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
-  auto call = avo::binding::prepare_rows<4, 3>("avo::channel_norm_backward", {{{"grad_y", &grad_y, avo::binding::Domain::Elem}, {"x", &x, avo::binding::Domain::Elem}, {"gamma", gamma.has_value() ? &*gamma : nullptr, avo::binding::Domain::Channel}, {"beta", beta.has_value() ? &*beta : nullptr, avo::binding::Domain::Channel}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Channel, avo::binding::Domain::Channel}}, {{true, gamma.has_value(), beta.has_value()}}, kColumnSums, kSavedPerRow, /*channels_first=*/true);
+  auto call = avo::binding::prepare_rows<4, 3>("avo::channel_norm_backward", {{{"grad_y", &grad_y, avo::binding::Domain::Elem}, {"x", &x, avo::binding::Domain::Elem}, {"gamma", gamma.has_value() ? &*gamma : nullptr, avo::binding::Domain::Channel}, {"beta", beta.has_value() ? &*beta : nullptr, avo::binding::Domain::Channel}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Channel, avo::binding::Domain::Channel}}, {{true, gamma.has_value(), beta.has_value()}}, kColumnSums, /*channels_first=*/true);
   const auto& args = call.args;
   const c10::cuda::CUDAGuard device_guard(call.device);
   backward_cuda(call.dtype, args, static_cast<float>(eps), static_cast<bool>(swish), c10::cuda::getCurrentCUDAStream());

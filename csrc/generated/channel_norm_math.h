@@ -20,38 +20,42 @@ namespace avo::ops::channel_norm {
 struct ForwardMath {
   float eps;
   bool swish;
+  // Which inputs and outputs are per element (bit k: input or output k).
+  static constexpr unsigned kElementInputs = 0x1u;
+  static constexpr unsigned kElementOutputs = 0x1u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 0;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
 
-  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: avo::SerialRow or avo::BlockRow.
+  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
+  // avo/row_cuda.cuh.
   template <typename Precision, typename Row>
   AVO_HOST_DEVICE void apply(const Row& row) const {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
     const float gamma = row.load_channel(1, 1.0f);
     const float beta = row.load_channel(2, 0.0f);
-    const float sum_0 = row.sum([&](int64_t n) {
-      const float x = row.load(0, n);
+    const float sum_0 = row.sum([&](const auto& at) {
+      const float x = at.load(0);
       const float s = swish ? x * F::sigmoid(x) : x;
       const float term = s;
       return term;
     });
     const float mu = sum_0 / length;
-    const float sum_1 = row.sum([&](int64_t n) {
-      const float x = row.load(0, n);
+    const float sum_1 = row.sum([&](const auto& at) {
+      const float x = at.load(0);
       const float s = swish ? x * F::sigmoid(x) : x;
       const float centered = s - mu;
       const float term = centered * centered;
       return term;
     });
     const float rstd = F::rsqrt(sum_1 / length + eps);
-    row.for_each([&](int64_t n) {
-      const float x = row.load(0, n);
+    row.for_each([&](const auto& at) {
+      const float x = at.load(0);
       const float s = swish ? x * F::sigmoid(x) : x;
       const float centered = s - mu;
       const float y = centered * rstd * gamma + beta;
-      row.store(0, n, y);
+      at.store(0, y);
     });
   }
 };
@@ -60,38 +64,42 @@ struct ForwardMath {
 struct BackwardMath {
   float eps;
   bool swish;
+  // Which inputs and outputs are per element (bit k: input or output k).
+  static constexpr unsigned kElementInputs = 0x3u;
+  static constexpr unsigned kElementOutputs = 0x1u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 0;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
 
-  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: avo::SerialRow or avo::BlockRow.
+  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
+  // avo/row_cuda.cuh.
   template <typename Precision, typename Row>
   AVO_HOST_DEVICE void apply(const Row& row) const {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
     const float gamma = row.load_channel(2, 1.0f);
-    const float sum_0 = row.sum([&](int64_t n) {
-      const float x = row.load(1, n);
+    const float sum_0 = row.sum([&](const auto& at) {
+      const float x = at.load(1);
       const float s = swish ? x * F::sigmoid(x) : x;
       const float term = s;
       return term;
     });
-    const float sum_1 = row.sum([&](int64_t n) {
-      const float grad_y = row.load(0, n);
+    const float sum_1 = row.sum([&](const auto& at) {
+      const float grad_y = at.load(0);
       const float term = grad_y;
       return term;
     });
     const float mu = sum_0 / length;
-    const float sum_2 = row.sum([&](int64_t n) {
-      const float x = row.load(1, n);
+    const float sum_2 = row.sum([&](const auto& at) {
+      const float x = at.load(1);
       const float s = swish ? x * F::sigmoid(x) : x;
       const float centered = s - mu;
       const float term = centered * centered;
       return term;
     });
-    const float sum_3 = row.sum([&](int64_t n) {
-      const float grad_y = row.load(0, n);
-      const float x = row.load(1, n);
+    const float sum_3 = row.sum([&](const auto& at) {
+      const float grad_y = at.load(0);
+      const float x = at.load(1);
       const float s = swish ? x * F::sigmoid(x) : x;
       const float centered = s - mu;
       const float term = grad_y * gamma * centered;
@@ -99,18 +107,18 @@ struct BackwardMath {
     });
     const float rstd = F::rsqrt(sum_2 / length + eps);
     const float r0 = sum_3 * (-0.5f) * (rstd * rstd * rstd) / length;
-    const float sum_4 = row.sum([&](int64_t n) {
-      const float grad_y = row.load(0, n);
-      const float x = row.load(1, n);
+    const float sum_4 = row.sum([&](const auto& at) {
+      const float grad_y = at.load(0);
+      const float x = at.load(1);
       const float s = swish ? x * F::sigmoid(x) : x;
       const float centered = s - mu;
       const float t0 = r0 * centered;
       const float term = -(grad_y * gamma * rstd + t0 + t0);
       return term;
     });
-    const float sum_5 = row.sum([&](int64_t n) {
-      const float grad_y = row.load(0, n);
-      const float x = row.load(1, n);
+    const float sum_5 = row.sum([&](const auto& at) {
+      const float grad_y = at.load(0);
+      const float x = at.load(1);
       const float s = swish ? x * F::sigmoid(x) : x;
       const float centered = s - mu;
       const float term = grad_y * (centered * rstd);
@@ -119,9 +127,9 @@ struct BackwardMath {
     row.store_row_f32(1, sum_5);
     row.store_row_f32(2, sum_1);
     const float r1 = sum_4 / length;
-    row.for_each([&](int64_t n) {
-      const float grad_y = row.load(0, n);
-      const float x = row.load(1, n);
+    row.for_each([&](const auto& at) {
+      const float grad_y = at.load(0);
+      const float x = at.load(1);
       const float t0 = F::sigmoid(x);
       const float s = swish ? x * t0 : x;
       const float centered = s - mu;
@@ -129,17 +137,8 @@ struct BackwardMath {
       const float t2 = grad_y * gamma * rstd + t1 + t1 + r1;
       const float t3 = swish ? t2 : 0.0f;
       const float grad_x = (swish ? 0.0f : t2) + t3 * t0 + t3 * x * (t0 * (1.0f - t0));
-      row.store(0, n, grad_x);
+      at.store(0, grad_x);
     });
-  }
-
-  // The summand at (row, n) of each per-column output, in column_output order.
-  template <typename Precision, typename Row>
-  AVO_HOST_DEVICE void column_terms(const Row& row, int64_t n, float* terms) const {
-    using F [[maybe_unused]] = avo::Functions<Precision>;
-    (void)row;
-    (void)n;
-    (void)terms;
   }
 };
 

@@ -17,36 +17,40 @@ namespace avo::ops::layernorm {
 // Forward of one row.
 struct ForwardMath {
   float eps;
+  // Which inputs and outputs are per element (bit k: input or output k).
+  static constexpr unsigned kElementInputs = 0x1u;
+  static constexpr unsigned kElementOutputs = 0x1u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 0;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
 
-  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: avo::SerialRow or avo::BlockRow.
+  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
+  // avo/row_cuda.cuh.
   template <typename Precision, typename Row>
   AVO_HOST_DEVICE void apply(const Row& row) const {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
-    const float sum_0 = row.sum([&](int64_t n) {
-      const float x = row.load(0, n);
+    const float sum_0 = row.sum([&](const auto& at) {
+      const float x = at.load(0);
       const float term = x;
       return term;
     });
     const float mu = sum_0 / length;
-    const float sum_1 = row.sum([&](int64_t n) {
-      const float x = row.load(0, n);
+    const float sum_1 = row.sum([&](const auto& at) {
+      const float x = at.load(0);
       const float centered = x - mu;
       const float term = centered * centered;
       return term;
     });
     const float var = sum_1 / length;
     const float rstd = F::rsqrt(var + eps);
-    row.for_each([&](int64_t n) {
-      const float x = row.load(0, n);
-      const float weight = row.load_col(1, n, 1.0f);
-      const float bias = row.load_col(2, n, 0.0f);
+    row.for_each([&](const auto& at) {
+      const float x = at.load(0);
+      const float weight = at.load_col(1, 1.0f);
+      const float bias = at.load_col(2, 0.0f);
       const float centered = x - mu;
       const float y = centered * rstd * weight + bias;
-      row.store(0, n, y);
+      at.store(0, y);
     });
   }
 };
@@ -54,31 +58,35 @@ struct ForwardMath {
 // Backward of one row.
 struct BackwardMath {
   float eps;
+  // Which inputs and outputs are per element (bit k: input or output k).
+  static constexpr unsigned kElementInputs = 0x3u;
+  static constexpr unsigned kElementOutputs = 0x1u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 2;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return k == 0 ? 1 : k == 1 ? 2 : -1; }
 
-  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: avo::SerialRow or avo::BlockRow.
+  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
+  // avo/row_cuda.cuh.
   template <typename Precision, typename Row>
   AVO_HOST_DEVICE void apply(const Row& row) const {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
-    const float sum_0 = row.sum([&](int64_t n) {
-      const float x = row.load(1, n);
+    const float sum_0 = row.sum([&](const auto& at) {
+      const float x = at.load(1);
       const float term = x;
       return term;
     });
     const float mu = sum_0 / length;
-    const float sum_1 = row.sum([&](int64_t n) {
-      const float x = row.load(1, n);
+    const float sum_1 = row.sum([&](const auto& at) {
+      const float x = at.load(1);
       const float centered = x - mu;
       const float term = centered * centered;
       return term;
     });
-    const float sum_2 = row.sum([&](int64_t n) {
-      const float grad_y = row.load(0, n);
-      const float weight = row.load_col(2, n, 1.0f);
-      const float x = row.load(1, n);
+    const float sum_2 = row.sum([&](const auto& at) {
+      const float grad_y = at.load(0);
+      const float weight = at.load_col(2, 1.0f);
+      const float x = at.load(1);
       const float centered = x - mu;
       const float term = grad_y * weight * centered;
       return term;
@@ -86,43 +94,34 @@ struct BackwardMath {
     const float var = sum_1 / length;
     const float rstd = F::rsqrt(var + eps);
     const float r0 = sum_2 * (-0.5f) * (rstd * rstd * rstd) / length;
-    const float sum_3 = row.sum([&](int64_t n) {
-      const float grad_y = row.load(0, n);
-      const float weight = row.load_col(2, n, 1.0f);
-      const float x = row.load(1, n);
+    const float sum_3 = row.sum([&](const auto& at) {
+      const float grad_y = at.load(0);
+      const float weight = at.load_col(2, 1.0f);
+      const float x = at.load(1);
       const float centered = x - mu;
       const float t0 = r0 * centered;
       const float term = -(grad_y * weight * rstd + t0 + t0);
       return term;
     });
     const float r1 = sum_3 / length;
-    row.for_each([&](int64_t n) {
-      const float grad_y = row.load(0, n);
-      const float weight = row.load_col(2, n, 1.0f);
-      const float x = row.load(1, n);
+    row.for_each([&](const auto& at) {
+      const float grad_y = at.load(0);
+      const float weight = at.load_col(2, 1.0f);
+      const float x = at.load(1);
       const float centered = x - mu;
       const float t0 = r0 * centered;
       const float grad_x = grad_y * weight * rstd + t0 + t0 + r1;
-      row.store(0, n, grad_x);
+      at.store(0, grad_x);
     });
-    row.save(0, mu);
-    row.save(1, rstd);
-  }
-
-  // The summand at (row, n) of each per-column output, in column_output order.
-  template <typename Precision, typename Row>
-  AVO_HOST_DEVICE void column_terms(const Row& row, int64_t n, float* terms) const {
-    using F [[maybe_unused]] = avo::Functions<Precision>;
-    [[maybe_unused]] const float length = float(row.length());
-    const float mu = row.saved(0);
-    const float rstd = row.saved(1);
-    const float grad_y = row.load(0, n);
-    const float x = row.load(1, n);
-    const float centered = x - mu;
-    const float term_0 = grad_y * (centered * rstd);
-    const float term_1 = grad_y;
-    terms[0] = term_0;
-    terms[1] = term_1;
+    row.template column_sums<kColumnSums>([&](const auto& at, float* terms) {
+      const float grad_y = at.load(0);
+      const float x = at.load(1);
+      const float centered = x - mu;
+      const float term_0 = grad_y * (centered * rstd);
+      const float term_1 = grad_y;
+      terms[0] = term_0;
+      terms[1] = term_1;
+    });
   }
 };
 

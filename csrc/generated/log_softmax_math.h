@@ -16,80 +16,79 @@ namespace avo::ops::log_softmax {
 
 // Forward of one row.
 struct ForwardMath {
+  // Which inputs and outputs are per element (bit k: input or output k).
+  static constexpr unsigned kElementInputs = 0x1u;
+  static constexpr unsigned kElementOutputs = 0x1u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 0;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
 
-  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: avo::SerialRow or avo::BlockRow.
+  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
+  // avo/row_cuda.cuh.
   template <typename Precision, typename Row>
   AVO_HOST_DEVICE void apply(const Row& row) const {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
-    const float max_0 = row.max([&](int64_t n) {
-      const float x = row.load(0, n);
+    const float max_0 = row.max([&](const auto& at) {
+      const float x = at.load(0);
       const float term = x;
       return term;
     });
-    const float sum_0 = row.sum([&](int64_t n) {
-      const float x = row.load(0, n);
+    const float sum_0 = row.sum([&](const auto& at) {
+      const float x = at.load(0);
       const float shifted = x - max_0;
       const float term = F::exp(shifted);
       return term;
     });
     const float r0 = F::log(sum_0);
-    row.for_each([&](int64_t n) {
-      const float x = row.load(0, n);
+    row.for_each([&](const auto& at) {
+      const float x = at.load(0);
       const float shifted = x - max_0;
       const float y = shifted - r0;
-      row.store(0, n, y);
+      at.store(0, y);
     });
   }
 };
 
 // Backward of one row.
 struct BackwardMath {
+  // Which inputs and outputs are per element (bit k: input or output k).
+  static constexpr unsigned kElementInputs = 0x3u;
+  static constexpr unsigned kElementOutputs = 0x1u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 0;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
 
-  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: avo::SerialRow or avo::BlockRow.
+  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
+  // avo/row_cuda.cuh.
   template <typename Precision, typename Row>
   AVO_HOST_DEVICE void apply(const Row& row) const {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
-    const float sum_0 = row.sum([&](int64_t n) {
-      const float grad_y = row.load(0, n);
+    const float sum_0 = row.sum([&](const auto& at) {
+      const float grad_y = at.load(0);
       const float term = -grad_y;
       return term;
     });
-    const float max_0 = row.max([&](int64_t n) {
-      const float x = row.load(1, n);
+    const float max_0 = row.max([&](const auto& at) {
+      const float x = at.load(1);
       const float term = x;
       return term;
     });
-    const float sum_1 = row.sum([&](int64_t n) {
-      const float x = row.load(1, n);
+    const float sum_1 = row.sum([&](const auto& at) {
+      const float x = at.load(1);
       const float shifted = x - max_0;
       const float term = F::exp(shifted);
       return term;
     });
     const float r0 = sum_0 / sum_1;
-    row.for_each([&](int64_t n) {
-      const float grad_y = row.load(0, n);
-      const float x = row.load(1, n);
+    row.for_each([&](const auto& at) {
+      const float grad_y = at.load(0);
+      const float x = at.load(1);
       const float shifted = x - max_0;
       const float grad_x = grad_y + r0 * F::exp(shifted);
-      row.store(0, n, grad_x);
+      at.store(0, grad_x);
     });
-  }
-
-  // The summand at (row, n) of each per-column output, in column_output order.
-  template <typename Precision, typename Row>
-  AVO_HOST_DEVICE void column_terms(const Row& row, int64_t n, float* terms) const {
-    using F [[maybe_unused]] = avo::Functions<Precision>;
-    (void)row;
-    (void)n;
-    (void)terms;
   }
 };
 

@@ -17,26 +17,30 @@ namespace avo::ops::rmsnorm {
 // Forward of one row.
 struct ForwardMath {
   float eps;
+  // Which inputs and outputs are per element (bit k: input or output k).
+  static constexpr unsigned kElementInputs = 0x1u;
+  static constexpr unsigned kElementOutputs = 0x1u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 0;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
 
-  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: avo::SerialRow or avo::BlockRow.
+  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
+  // avo/row_cuda.cuh.
   template <typename Precision, typename Row>
   AVO_HOST_DEVICE void apply(const Row& row) const {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
-    const float sum_0 = row.sum([&](int64_t n) {
-      const float x = row.load(0, n);
+    const float sum_0 = row.sum([&](const auto& at) {
+      const float x = at.load(0);
       const float term = x * x;
       return term;
     });
     const float rrms = F::rsqrt(sum_0 / length + eps);
-    row.for_each([&](int64_t n) {
-      const float x = row.load(0, n);
-      const float weight = row.load_col(1, n, 1.0f);
+    row.for_each([&](const auto& at) {
+      const float x = at.load(0);
+      const float weight = at.load_col(1, 1.0f);
       const float y = x * rrms * weight;
-      row.store(0, n, y);
+      at.store(0, y);
     });
   }
 };
@@ -44,50 +48,47 @@ struct ForwardMath {
 // Backward of one row.
 struct BackwardMath {
   float eps;
+  // Which inputs and outputs are per element (bit k: input or output k).
+  static constexpr unsigned kElementInputs = 0x3u;
+  static constexpr unsigned kElementOutputs = 0x1u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 1;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return k == 0 ? 1 : -1; }
 
-  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: avo::SerialRow or avo::BlockRow.
+  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
+  // avo/row_cuda.cuh.
   template <typename Precision, typename Row>
   AVO_HOST_DEVICE void apply(const Row& row) const {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
-    const float sum_0 = row.sum([&](int64_t n) {
-      const float x = row.load(1, n);
+    const float sum_0 = row.sum([&](const auto& at) {
+      const float x = at.load(1);
       const float term = x * x;
       return term;
     });
-    const float sum_1 = row.sum([&](int64_t n) {
-      const float grad_y = row.load(0, n);
-      const float weight = row.load_col(2, n, 1.0f);
-      const float x = row.load(1, n);
+    const float sum_1 = row.sum([&](const auto& at) {
+      const float grad_y = at.load(0);
+      const float weight = at.load_col(2, 1.0f);
+      const float x = at.load(1);
       const float term = grad_y * weight * x;
       return term;
     });
     const float rrms = F::rsqrt(sum_0 / length + eps);
     const float r0 = sum_1 * (-0.5f) * (rrms * rrms * rrms) / length;
-    row.for_each([&](int64_t n) {
-      const float grad_y = row.load(0, n);
-      const float weight = row.load_col(2, n, 1.0f);
-      const float x = row.load(1, n);
+    row.for_each([&](const auto& at) {
+      const float grad_y = at.load(0);
+      const float weight = at.load_col(2, 1.0f);
+      const float x = at.load(1);
       const float t0 = r0 * x;
       const float grad_x = grad_y * weight * rrms + t0 + t0;
-      row.store(0, n, grad_x);
+      at.store(0, grad_x);
     });
-    row.save(0, rrms);
-  }
-
-  // The summand at (row, n) of each per-column output, in column_output order.
-  template <typename Precision, typename Row>
-  AVO_HOST_DEVICE void column_terms(const Row& row, int64_t n, float* terms) const {
-    using F [[maybe_unused]] = avo::Functions<Precision>;
-    [[maybe_unused]] const float length = float(row.length());
-    const float rrms = row.saved(0);
-    const float grad_y = row.load(0, n);
-    const float x = row.load(1, n);
-    const float term_0 = grad_y * (x * rrms);
-    terms[0] = term_0;
+    row.template column_sums<kColumnSums>([&](const auto& at, float* terms) {
+      const float grad_y = at.load(0);
+      const float x = at.load(1);
+      const float term_0 = grad_y * (x * rrms);
+      terms[0] = term_0;
+    });
   }
 };
 

@@ -21,16 +21,14 @@ using ForwardArgs = avo::RowArgs<1, 1>;
 // (per element)
 using BackwardArgs = avo::RowArgs<2, 1>;
 
-// The backward's column pass sums per-column terms over chunks of rows into fp32
-// partials, then the partials in chunk order: deterministic, no atomics.
+// Per-column outputs of the backward: fp32 partial sums per chunk of rows, then the
+// partials summed in chunk order (deterministic, no atomics).
 constexpr int kColumnSums = 0;
-constexpr int kSavedPerRow = 0;
 
-// CPU: the row kernels take rows [begin, end); the column pass chunks [begin, end),
-// then its finish columns [begin, end). The caller splits the work.
+// CPU: the row kernels take rows [begin, end) (whole chunks when there are per-column
+// outputs); the finish sums columns [begin, end). The caller splits the work.
 void forward_cpu(avo::DType dtype, const ForwardArgs& args, int64_t begin, int64_t end);
 void backward_cpu(avo::DType dtype, const BackwardArgs& args, int64_t begin, int64_t end);
-void backward_columns_cpu(avo::DType dtype, const BackwardArgs& args, int64_t begin, int64_t end);
 void backward_columns_finish_cpu(avo::DType dtype, const BackwardArgs& args, int64_t begin, int64_t end);
 
 #if defined(AVO_WITH_CUDA)

@@ -17,38 +17,42 @@ namespace avo::ops::swish_layernorm {
 // Forward of one row.
 struct ForwardMath {
   float eps;
+  // Which inputs and outputs are per element (bit k: input or output k).
+  static constexpr unsigned kElementInputs = 0x1u;
+  static constexpr unsigned kElementOutputs = 0x1u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 0;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
 
-  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: avo::SerialRow or avo::BlockRow.
+  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
+  // avo/row_cuda.cuh.
   template <typename Precision, typename Row>
   AVO_HOST_DEVICE void apply(const Row& row) const {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
-    const float sum_0 = row.sum([&](int64_t n) {
-      const float x = row.load(0, n);
+    const float sum_0 = row.sum([&](const auto& at) {
+      const float x = at.load(0);
       const float swish = x * F::sigmoid(x);
       const float term = swish;
       return term;
     });
     const float mu = sum_0 / length;
-    const float sum_1 = row.sum([&](int64_t n) {
-      const float x = row.load(0, n);
+    const float sum_1 = row.sum([&](const auto& at) {
+      const float x = at.load(0);
       const float swish = x * F::sigmoid(x);
       const float centered = swish - mu;
       const float term = centered * centered;
       return term;
     });
     const float rstd = F::rsqrt(sum_1 / length + eps);
-    row.for_each([&](int64_t n) {
-      const float x = row.load(0, n);
-      const float weight = row.load_col(1, n, 1.0f);
-      const float bias = row.load_col(2, n, 0.0f);
+    row.for_each([&](const auto& at) {
+      const float x = at.load(0);
+      const float weight = at.load_col(1, 1.0f);
+      const float bias = at.load_col(2, 0.0f);
       const float swish = x * F::sigmoid(x);
       const float centered = swish - mu;
       const float y = centered * rstd * weight + bias;
-      row.store(0, n, y);
+      at.store(0, y);
     });
   }
 };
@@ -56,33 +60,37 @@ struct ForwardMath {
 // Backward of one row.
 struct BackwardMath {
   float eps;
+  // Which inputs and outputs are per element (bit k: input or output k).
+  static constexpr unsigned kElementInputs = 0x3u;
+  static constexpr unsigned kElementOutputs = 0x1u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 2;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return k == 0 ? 1 : k == 1 ? 2 : -1; }
 
-  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: avo::SerialRow or avo::BlockRow.
+  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
+  // avo/row_cuda.cuh.
   template <typename Precision, typename Row>
   AVO_HOST_DEVICE void apply(const Row& row) const {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
-    const float sum_0 = row.sum([&](int64_t n) {
-      const float x = row.load(1, n);
+    const float sum_0 = row.sum([&](const auto& at) {
+      const float x = at.load(1);
       const float swish = x * F::sigmoid(x);
       const float term = swish;
       return term;
     });
     const float mu = sum_0 / length;
-    const float sum_1 = row.sum([&](int64_t n) {
-      const float x = row.load(1, n);
+    const float sum_1 = row.sum([&](const auto& at) {
+      const float x = at.load(1);
       const float swish = x * F::sigmoid(x);
       const float centered = swish - mu;
       const float term = centered * centered;
       return term;
     });
-    const float sum_2 = row.sum([&](int64_t n) {
-      const float grad_y = row.load(0, n);
-      const float weight = row.load_col(2, n, 1.0f);
-      const float x = row.load(1, n);
+    const float sum_2 = row.sum([&](const auto& at) {
+      const float grad_y = at.load(0);
+      const float weight = at.load_col(2, 1.0f);
+      const float x = at.load(1);
       const float swish = x * F::sigmoid(x);
       const float centered = swish - mu;
       const float term = grad_y * weight * centered;
@@ -90,10 +98,10 @@ struct BackwardMath {
     });
     const float rstd = F::rsqrt(sum_1 / length + eps);
     const float r0 = sum_2 * (-0.5f) * (rstd * rstd * rstd) / length;
-    const float sum_3 = row.sum([&](int64_t n) {
-      const float grad_y = row.load(0, n);
-      const float weight = row.load_col(2, n, 1.0f);
-      const float x = row.load(1, n);
+    const float sum_3 = row.sum([&](const auto& at) {
+      const float grad_y = at.load(0);
+      const float weight = at.load_col(2, 1.0f);
+      const float x = at.load(1);
       const float swish = x * F::sigmoid(x);
       const float centered = swish - mu;
       const float t0 = r0 * centered;
@@ -101,37 +109,28 @@ struct BackwardMath {
       return term;
     });
     const float r1 = sum_3 / length;
-    row.for_each([&](int64_t n) {
-      const float grad_y = row.load(0, n);
-      const float weight = row.load_col(2, n, 1.0f);
-      const float x = row.load(1, n);
+    row.for_each([&](const auto& at) {
+      const float grad_y = at.load(0);
+      const float weight = at.load_col(2, 1.0f);
+      const float x = at.load(1);
       const float t0 = F::sigmoid(x);
       const float swish = x * t0;
       const float centered = swish - mu;
       const float t1 = r0 * centered;
       const float t2 = grad_y * weight * rstd + t1 + t1 + r1;
       const float grad_x = t2 * t0 + t2 * x * (t0 * (1.0f - t0));
-      row.store(0, n, grad_x);
+      at.store(0, grad_x);
     });
-    row.save(0, mu);
-    row.save(1, rstd);
-  }
-
-  // The summand at (row, n) of each per-column output, in column_output order.
-  template <typename Precision, typename Row>
-  AVO_HOST_DEVICE void column_terms(const Row& row, int64_t n, float* terms) const {
-    using F [[maybe_unused]] = avo::Functions<Precision>;
-    [[maybe_unused]] const float length = float(row.length());
-    const float mu = row.saved(0);
-    const float rstd = row.saved(1);
-    const float grad_y = row.load(0, n);
-    const float x = row.load(1, n);
-    const float swish = x * F::sigmoid(x);
-    const float centered = swish - mu;
-    const float term_0 = grad_y * (centered * rstd);
-    const float term_1 = grad_y;
-    terms[0] = term_0;
-    terms[1] = term_1;
+    row.template column_sums<kColumnSums>([&](const auto& at, float* terms) {
+      const float grad_y = at.load(0);
+      const float x = at.load(1);
+      const float swish = x * F::sigmoid(x);
+      const float centered = swish - mu;
+      const float term_0 = grad_y * (centered * rstd);
+      const float term_1 = grad_y;
+      terms[0] = term_0;
+      terms[1] = term_1;
+    });
   }
 };
 

@@ -21,11 +21,10 @@ struct RowArgs {
   int64_t rows;
   int64_t length;
   int64_t channels;  // channel ops ([B, C, *S]): C, and row r is channel r % C; else 0
-  // Backward only: per-row values the column pass reads ([rows, saved_per_row]), and the
-  // column pass's fp32 partial sums ([column sums, chunks, length]) over `chunks` groups
-  // of `rows_per_chunk` rows; summed in a fixed order, so the result is deterministic.
-  float* saved;
-  int saved_per_row;
+  // Backward with per-column outputs only: fp32 partial sums [column sums, chunks, length],
+  // one per chunk of `rows_per_chunk` consecutive rows (zero-initialised), later summed
+  // over the chunks in order. A chunk is processed by one worker, its rows in order, so
+  // the result is deterministic.
   float* partials;
   int64_t chunks;
   int64_t rows_per_chunk;
@@ -63,8 +62,6 @@ struct RowView {
   AVO_HOST_DEVICE void store(int k, int64_t n, float value) const {
     static_cast<T*>(args.outputs[k])[r * args.length + n] = Element<T>::from_float(value);
   }
-  // Saved per-row value j (written by the row pass, read by the column pass).
-  AVO_HOST_DEVICE float saved(int j) const { return args.saved[r * args.saved_per_row + j]; }
 };
 
 }  // namespace avo

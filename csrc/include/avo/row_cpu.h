@@ -16,35 +16,52 @@ struct SerialRow : RowView<T, Args> {
   using RowView<T, Args>::args;
   using RowView<T, Args>::r;
 
+  // Element n of the row, as the generated lambdas see it.
+  struct At {
+    const SerialRow& row;
+    int64_t n;
+    float load(int k) const { return row.load(k, n); }
+    float load_col(int k, float missing) const { return row.load_col(k, n, missing); }
+    void store(int k, float value) const { row.store(k, n, value); }
+  };
+
   template <typename F>
   float sum(F term) const {
     double total = 0.0;
-    for (int64_t n = 0; n < args.length; ++n) total += term(n);
+    for (int64_t n = 0; n < args.length; ++n) total += term(At{*this, n});
     return float(total);
   }
   template <typename F>
   float max(F term) const {
     float best = -std::numeric_limits<float>::infinity();
-    for (int64_t n = 0; n < args.length; ++n) best = Functions<Exact>::maximum(best, term(n));
+    for (int64_t n = 0; n < args.length; ++n) best = Functions<Exact>::maximum(best, term(At{*this, n}));
     return best;
   }
   template <typename F>
   float min(F term) const {
     float best = std::numeric_limits<float>::infinity();
-    for (int64_t n = 0; n < args.length; ++n) best = Functions<Exact>::minimum(best, term(n));
+    for (int64_t n = 0; n < args.length; ++n) best = Functions<Exact>::minimum(best, term(At{*this, n}));
     return best;
   }
   template <typename F>
   void for_each(F body) const {
-    for (int64_t n = 0; n < args.length; ++n) body(n);
+    for (int64_t n = 0; n < args.length; ++n) body(At{*this, n});
+  }
+  // Adds this row's K per-column terms to the partial sums of its chunk (fp32, rows in order).
+  template <int K, typename F>
+  void column_sums(F terms_at) const {
+    if (args.partials == nullptr) return;
+    const int64_t chunk = r / args.rows_per_chunk;
+    for (int64_t n = 0; n < args.length; ++n) {
+      float terms[K];
+      terms_at(At{*this, n}, terms);
+      for (int k = 0; k < K; ++k) args.partials[(k * args.chunks + chunk) * args.length + n] += terms[k];
+    }
   }
   void store_row(int k, float value) const { static_cast<T*>(args.outputs[k])[r] = Element<T>::from_float(value); }
   // A per-row value kept in fp32 (output k is a float buffer of one value per row).
   void store_row_f32(int k, float value) const {
     if (args.outputs[k] != nullptr) static_cast<float*>(args.outputs[k])[r] = value;
-  }
-  void save(int j, float value) const {
-    if (args.saved != nullptr) args.saved[r * args.saved_per_row + j] = value;
   }
 };
 
@@ -54,32 +71,13 @@ namespace avo {
 
 // The CPU loops of every row op; the generated math is what differs between ops.
 
-// Rows [begin, end).
+// Rows [begin, end), in order.
 template <typename T, typename Args, typename Math>
 void run_rows(const Args& args, const Math& math, int64_t begin, int64_t end) {
   for (int64_t r = begin; r < end; ++r) math.template apply<Exact>(SerialRow<T, Args>(args, r));
 }
 
-// Column pass, stage 1, for chunks [begin, end).
-template <typename T, typename Args, typename Math>
-void run_column_partials(const Args& args, const Math& math, int64_t begin, int64_t end) {
-  constexpr int K = Math::kColumnSums > 0 ? Math::kColumnSums : 1;
-  for (int64_t chunk = begin; chunk < end; ++chunk) {
-    const int64_t first = chunk * args.rows_per_chunk;
-    const int64_t last = first + args.rows_per_chunk < args.rows ? first + args.rows_per_chunk : args.rows;
-    for (int64_t n = 0; n < args.length; ++n) {
-      float sums[K] = {};
-      for (int64_t r = first; r < last; ++r) {
-        float terms[K];
-        math.template column_terms<Exact>(RowView<T, Args>(args, r), n, terms);
-        for (int k = 0; k < Math::kColumnSums; ++k) sums[k] += terms[k];
-      }
-      for (int k = 0; k < Math::kColumnSums; ++k) args.partials[(k * args.chunks + chunk) * args.length + n] = sums[k];
-    }
-  }
-}
-
-// Column pass, stage 2, for columns [begin, end): partials summed in chunk order.
+// Per-column outputs, columns [begin, end): the chunks' partials summed in chunk order.
 template <typename T, typename Args, typename Math>
 void run_column_finish(const Args& args, int64_t begin, int64_t end) {
   for (int k = 0; k < Math::kColumnSums; ++k) {
