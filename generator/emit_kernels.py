@@ -1,6 +1,7 @@
-"""Emit the torch-free kernel sources of one op: `<op>.h` (the launcher interface),
-`<op>_math.h` (the math, once per string-attribute choice), `<op>.cu` (CUDA kernels
-and their dispatch table) and `<op>_cpu.cpp` (CPU kernels)."""
+"""Emit the torch-free kernel sources of one map op: `<op>.h` (the launcher interface),
+`<op>_math.h` (the math, once per string-attribute choice), `<op>.cu` (the CUDA entry
+points and their dispatch table) and `<op>_cpu.cpp` (the CPU entry points). The kernels
+themselves are written once, in avo/map_cuda.cuh and avo/map_cpu.h."""
 from __future__ import annotations
 
 import textwrap
@@ -65,18 +66,27 @@ def _math_struct(kernel: MapKernel, specialization: Specialization, graph) -> li
     leaf_names = {i.name: i.name for i in kernel.inputs}
     leaf_names.update({name: name for name, _ in kernel.scalars})
     printer = StatementPrinter(graph, leaf_names)
-    params = [f"float {i.name}" for i in kernel.inputs] + [f"float& {o}" for o in kernel.outputs]
+    n_in, n_out = len(kernel.inputs), len(kernel.outputs)
     what = "y = f(x)" if kernel.role == "forward" else "input gradients from output gradients"
     title = f"{kernel.role.capitalize()} math ({what})"
     if specialization.choices:
         title += f" for {specialization.description}"
+    missing = "".join(f"k == {k} ? {float_literal(i.default)} : " for k, i in enumerate(kernel.inputs) if i.optional)
     lines = [f"// {title}.", f"struct {kernel.math_struct(specialization)} {{"]
     lines += [f"  {ctype} {name};" for name, ctype in kernel.scalars]
-    lines += ["  // Precision: avo::Exact or avo::Fast (see avo/math.h).", "  template <typename Precision>",
-              f"  AVO_HOST_DEVICE void apply({', '.join(params)}) const {{"]
+    optional = "0x%xu" % sum(1 << k for k, i in enumerate(kernel.inputs) if i.optional)
+    lines += ["  // Optional inputs (bit k: input k), and the value of one the call left out.",
+              f"  static constexpr unsigned kOptionalInputs = {optional};",
+              f"  AVO_HOST_DEVICE static constexpr float missing([[maybe_unused]] int k) {{ return {missing}0.0f; }}",
+              "",
+              "  // One element: in[k] is inputs[k], out[k] is outputs[k] (see the header).",
+              "  // Precision: avo::Exact or avo::Fast (see avo/math.h).", "  template <typename Precision>",
+              f"  AVO_HOST_DEVICE void apply(const float (&in)[{n_in}], float (&out)[{n_out}]) const {{"]
     body = printer.lines()
     if printer.uses_functions():
         lines.append("    using F = avo::Functions<Precision>;")
+    lines += [f"    [[maybe_unused]] const float {i.name} = in[{k}];" for k, i in enumerate(kernel.inputs)]
+    lines += [f"    float& {o} = out[{k}];" for k, o in enumerate(kernel.outputs)]
     lines += [f"    {line}" for line in body]
     lines += ["  }", "};", ""]
     return lines
@@ -93,37 +103,6 @@ def emit_math(s: OpSchedule) -> str:
             lines += _math_struct(kernel, specialization, graph)
     lines += [f"}}  // namespace avo::ops::{spec.name}", ""]
     return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------
-# Element bodies shared by the CUDA and CPU loops
-# ---------------------------------------------------------------------------------
-
-
-def _element_body(kernel: MapKernel, load, store, indent: str, precision: str = "avo::Exact") -> list[str]:
-    """Convert inputs to float, apply the math, convert and store the outputs.
-
-    load(k, name) -> C++ expression of input k's element (in T);
-    store(k, name, value) -> C++ statement storing output k."""
-    lines = []
-    for k, i in enumerate(kernel.inputs):
-        value = f"avo::Element<T>::to_float({load(k, i.name)})"
-        if i.optional:
-            value = f"{i.name} != nullptr ? {value} : {float_literal(i.default)}"
-        lines.append(f"const float {i.name}_f = {value};")
-    lines += [f"float {o}_f;" for o in kernel.outputs]
-    call_args = [f"{i.name}_f" for i in kernel.inputs] + [f"{o}_f" for o in kernel.outputs]
-    lines.append(f"math.template apply<{precision}>({', '.join(call_args)});")
-    lines += [store(k, o, f"avo::Element<T>::from_float({o}_f)") for k, o in enumerate(kernel.outputs)]
-    return [indent + line for line in lines]
-
-
-def _pointer_lines(kernel: MapKernel, indent: str) -> list[str]:
-    lines = [f"{indent}const T* __restrict__ {i.name} = static_cast<const T*>(args.inputs[{k}]);"
-             for k, i in enumerate(kernel.inputs)]
-    lines += [f"{indent}T* __restrict__ {o} = static_cast<T*>(args.outputs[{k}]);"
-              for k, o in enumerate(kernel.outputs)]
-    return lines
 
 
 def _dispatch_calls(kernel: MapKernel, call, indent: str) -> list[str]:
@@ -148,99 +127,8 @@ def _dispatch_calls(kernel: MapKernel, call, indent: str) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------
-# CUDA
+# CUDA and CPU entry points
 # ---------------------------------------------------------------------------------
-
-
-def _cuda_kernels(kernel: MapKernel) -> list[str]:
-    role, args_type = kernel.role, kernel.args_type
-    vec_name, strided_name = f"{role}_vectorized", f"{role}_strided"
-    lines = [
-        f"// {role.capitalize()}, every tensor dense and 16-byte aligned. Block b covers the U * kMapThreads",
-        "// 16-byte vectors from b * U * kMapThreads on; each thread loads its U vectors per input",
-        "// (coalesced across the block) before computing any, so that enough loads are in flight,",
-        "// then stores U vectors per output. Block 0 also takes the numel % V elements past the",
-        "// last full vector.",
-        "template <typename T, typename Math>",
-        f"__global__ void __launch_bounds__(avo::kMapThreads) {vec_name}(const {args_type} args, const Math math) {{",
-        "  constexpr int V = 16 / sizeof(T);",
-        "  constexpr int U = kVectorsPerThread;",
-        "  using P = avo::PrecisionFor<T>;",
-    ]
-    lines += _pointer_lines(kernel, "  ")
-    lines += [
-        "  const int64_t vectors = args.numel / V;",
-        "  const int64_t base = int64_t(blockIdx.x) * (U * avo::kMapThreads) + threadIdx.x;",
-        "  if (base < vectors) {",
-    ]
-    lines += [f"    avo::Vec<T, V> {i.name}_v[U];" for i in kernel.inputs]
-    lines += ["    AVO_UNROLL", "    for (int u = 0; u < U; ++u) {",
-              "      // Clamped: a thread whose vector u lies past the end re-reads the last vector",
-              "      // (and stores nothing), so the loads need no predicate.",
-              "      const int64_t v = base + u * avo::kMapThreads < vectors ? base + u * avo::kMapThreads : vectors - 1;"]
-    for i in kernel.inputs:
-        if i.optional:
-            lines.append(f"      if ({i.name} != nullptr) {i.name}_v[u] = avo::load_vec<V>({i.name} + v * V);")
-        else:
-            lines.append(f"      {i.name}_v[u] = avo::load_vec<V>({i.name} + v * V);")
-    lines.append("    }")
-    lines += [f"    avo::Vec<T, V> {o}_v[U];" for o in kernel.outputs]
-    lines += ["    AVO_UNROLL", "    for (int u = 0; u < U; ++u) {", "      AVO_UNROLL", "      for (int k = 0; k < V; ++k) {"]
-    lines += _element_body(kernel, lambda k, n: f"{n}_v[u].v[k]",
-                           lambda k, n, value: f"{n}_v[u].v[k] = {value};", "        ", "P")
-    lines += ["      }", "    }", "    AVO_UNROLL", "    for (int u = 0; u < U; ++u) {",
-              "      const int64_t v = base + u * avo::kMapThreads;"]
-    lines += [f"      if (v < vectors) avo::store_vec<V>({o} + v * V, {o}_v[u]);" for o in kernel.outputs]
-    lines += ["    }", "  }", "  const int64_t i = vectors * V + threadIdx.x;", "  if (blockIdx.x == 0 && i < args.numel) {"]
-    lines += _element_body(kernel, lambda k, n: f"{n}[i]", lambda k, n, value: f"{n}[i] = {value};", "    ", "P")
-    lines += ["  }", "}", ""]
-
-    lines += [
-        f"// {role.capitalize()}, any layout (strided, broadcast, misaligned): inputs are read through",
-        "// their strides; outputs are dense.",
-        "template <typename T, typename Math>",
-        f"__global__ void __launch_bounds__(avo::kMapThreads) {strided_name}(const {args_type} args, const Math math) {{",
-        "  using P = avo::PrecisionFor<T>;",
-    ]
-    lines += _pointer_lines(kernel, "  ")
-    lines += [
-        "  const int64_t step = int64_t(gridDim.x) * blockDim.x;",
-        "  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < args.numel; i += step) {",
-        f"    int64_t offsets[{len(kernel.inputs)}];",
-        "    avo::input_offsets(args, i, offsets);",
-    ]
-    lines += _element_body(kernel, lambda k, n: f"{n}[offsets[{k}]]", lambda k, n, value: f"{n}[i] = {value};", "    ", "P")
-    lines += ["  }", "}", ""]
-
-    lines += [
-    ] + _dispatch_table(role) + [
-        "template <typename T, typename Math>",
-        f"void launch_{role}(const {args_type}& args, const Math& math, cudaStream_t stream) {{",
-        "  if (args.numel == 0) return;",
-        "  if (args.contiguous && avo::all_aligned(args, 16)) {",
-        "    constexpr int V = 16 / sizeof(T);",
-        "    const int64_t per_block = int64_t(kVectorsPerThread) * avo::kMapThreads;",
-        "    const int64_t blocks = (args.numel / V + per_block - 1) / per_block;",
-        f"    {vec_name}<T><<<unsigned(blocks > 0 ? blocks : 1), avo::kMapThreads, 0, stream>>>(args, math);",
-        "  } else {",
-        f"    const unsigned blocks = avo::resident_grid_size({strided_name}<T, Math>, args.numel, avo::kMapThreads);",
-        f"    {strided_name}<T><<<blocks, avo::kMapThreads, 0, stream>>>(args, math);",
-        "  }",
-        "}",
-        "",
-    ]
-    return lines
-
-
-def _dispatch_table(role: str) -> list[str]:
-    """The kernel choice of launch_<role>, as a table in the generated source."""
-    rows = [("layout of the call", "kernel", "grid"),
-            ("dense like the output, all pointers 16-byte aligned", f"{role}_vectorized", "one block per U * threads vectors"),
-            ("anything else (strided, broadcast, storage offset)", f"{role}_strided", "one wave of resident blocks, grid-stride")]
-    widths = [max(len(r[c]) for r in rows) for c in range(3)]
-    table = [f"//   | {' | '.join(cell.ljust(w) for cell, w in zip(r, widths))} |" for r in rows]
-    table.insert(1, f"//   |{'|'.join('-' * (w + 2) for w in widths)}|")
-    return [f"// Which {role} kernel runs, chosen on the host per call:", *table]
 
 
 def entry_point(kernel, name: str, last_param: str, types: str, call) -> list[str]:
@@ -265,52 +153,45 @@ def entry_points(s: OpSchedule, device: str, last_param: str, types: str, call) 
     return lines
 
 
+# U = kMapVectorsPerThread, threads = kMapThreads (avo/map_cuda.cuh, avo/cuda_launch.cuh).
+DISPATCH_TABLE = [
+    "// Which kernel of avo/map_cuda.cuh runs, chosen on the host per call:",
+    "//   | layout of the call                                  | kernel                | grid                                     |",
+    "//   |-----------------------------------------------------|-----------------------|------------------------------------------|",
+    "//   | dense like the output, all pointers 16-byte aligned | map_vectorized_kernel | a block per U * threads 16-byte vectors  |",
+    "//   | anything else (strided, broadcast, storage offset)  | map_strided_kernel    | one wave of resident blocks, grid-stride |",
+]
+
+
 def emit_cuda(s: OpSchedule) -> str:
     spec = s.spec
     lines = [header_comment(spec.path), f'#include "{spec.name}.h"', f'#include "{spec.name}_math.h"', "",
-             "#include <avo/cuda_launch.cuh>", "", f"namespace avo::ops::{spec.name} {{", "namespace {", "",
-             "// 16-byte vectors each thread of a vectorized kernel moves per input and output.",
-             "constexpr int kVectorsPerThread = 4;", ""]
-    for kernel in (s.forward, s.backward):
-        lines += _cuda_kernels(kernel)
-    lines += ["}  // namespace", ""]
+             "#include <avo/map_cuda.cuh>", "", f"namespace avo::ops::{spec.name} {{", "namespace {", ""]
+    lines += DISPATCH_TABLE + [
+        "template <typename T, typename Args, typename Math>",
+        "void launch(const Args& args, const Math& math, cudaStream_t stream) {",
+        "  if (args.numel == 0) return;",
+        "  if (args.contiguous && avo::all_aligned(args, 16)) {",
+        "    avo::launch_map_vectorized<T>(args, math, stream);",
+        "  } else {",
+        "    avo::launch_map_strided<T>(args, math, stream);",
+        "  }",
+        "}",
+        "",
+        "}  // namespace",
+        "",
+    ]
     lines += entry_points(s, "cuda", "cudaStream_t stream", "__half, __nv_bfloat16",
-                           lambda kernel, init: f"launch_{kernel.role}<T>(args, {init}, stream);")
+                           lambda kernel, init: f"launch<T>(args, {init}, stream);")
     lines += [f"}}  // namespace avo::ops::{spec.name}", ""]
     return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------
-# CPU
-# ---------------------------------------------------------------------------------
-
-
-def _cpu_kernel(kernel: MapKernel) -> list[str]:
-    role, args_type = kernel.role, kernel.args_type
-    lines = [
-        f"// {role.capitalize()} over the elements [begin, end): a plain loop the compiler can vectorize",
-        "// when the layout is dense, the strided walk otherwise.",
-        "template <typename T, typename Math>",
-        f"void {role}_range(const {args_type}& args, const Math& math, int64_t begin, int64_t end) {{",
-    ]
-    lines += _pointer_lines(kernel, "  ")
-    lines += ["  if (args.contiguous) {", "    for (int64_t i = begin; i < end; ++i) {"]
-    lines += _element_body(kernel, lambda k, n: f"{n}[i]", lambda k, n, value: f"{n}[i] = {value};", "      ")
-    lines += ["    }", "    return;", "  }", "  for (int64_t i = begin; i < end; ++i) {",
-              f"    int64_t offsets[{len(kernel.inputs)}];", "    avo::input_offsets(args, i, offsets);"]
-    lines += _element_body(kernel, lambda k, n: f"{n}[offsets[{k}]]", lambda k, n, value: f"{n}[i] = {value};", "    ")
-    lines += ["  }", "}", ""]
-    return lines
 
 
 def emit_cpu(s: OpSchedule) -> str:
     spec = s.spec
     lines = [header_comment(spec.path), f'#include "{spec.name}.h"', f'#include "{spec.name}_math.h"', "",
-             "#include <avo/dtype.h>", "#include <avo/map_args.h>", "", f"namespace avo::ops::{spec.name} {{", "namespace {", ""]
-    for kernel in (s.forward, s.backward):
-        lines += _cpu_kernel(kernel)
-    lines += ["}  // namespace", ""]
+             "#include <avo/map_cpu.h>", "", f"namespace avo::ops::{spec.name} {{", ""]
     lines += entry_points(s, "cpu", "int64_t begin, int64_t end", "avo::Half, avo::BFloat16",
-                           lambda kernel, init: f"{kernel.role}_range<T>(args, {init}, begin, end);")
+                           lambda kernel, init: f"avo::run_map<T>(args, {init}, begin, end);")
     lines += [f"}}  // namespace avo::ops::{spec.name}", ""]
     return "\n".join(lines)

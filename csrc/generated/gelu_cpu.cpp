@@ -4,76 +4,19 @@
 #include "gelu.h"
 #include "gelu_math.h"
 
-#include <avo/dtype.h>
-#include <avo/map_args.h>
+#include <avo/map_cpu.h>
 
 namespace avo::ops::gelu {
-namespace {
-
-// Forward over the elements [begin, end): a plain loop the compiler can vectorize
-// when the layout is dense, the strided walk otherwise.
-template <typename T, typename Math>
-void forward_range(const ForwardArgs& args, const Math& math, int64_t begin, int64_t end) {
-  const T* __restrict__ x = static_cast<const T*>(args.inputs[0]);
-  T* __restrict__ y = static_cast<T*>(args.outputs[0]);
-  if (args.contiguous) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float x_f = avo::Element<T>::to_float(x[i]);
-      float y_f;
-      math.template apply<avo::Exact>(x_f, y_f);
-      y[i] = avo::Element<T>::from_float(y_f);
-    }
-    return;
-  }
-  for (int64_t i = begin; i < end; ++i) {
-    int64_t offsets[1];
-    avo::input_offsets(args, i, offsets);
-    const float x_f = avo::Element<T>::to_float(x[offsets[0]]);
-    float y_f;
-    math.template apply<avo::Exact>(x_f, y_f);
-    y[i] = avo::Element<T>::from_float(y_f);
-  }
-}
-
-// Backward over the elements [begin, end): a plain loop the compiler can vectorize
-// when the layout is dense, the strided walk otherwise.
-template <typename T, typename Math>
-void backward_range(const BackwardArgs& args, const Math& math, int64_t begin, int64_t end) {
-  const T* __restrict__ grad_y = static_cast<const T*>(args.inputs[0]);
-  const T* __restrict__ x = static_cast<const T*>(args.inputs[1]);
-  T* __restrict__ grad_x = static_cast<T*>(args.outputs[0]);
-  if (args.contiguous) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float grad_y_f = avo::Element<T>::to_float(grad_y[i]);
-      const float x_f = avo::Element<T>::to_float(x[i]);
-      float grad_x_f;
-      math.template apply<avo::Exact>(grad_y_f, x_f, grad_x_f);
-      grad_x[i] = avo::Element<T>::from_float(grad_x_f);
-    }
-    return;
-  }
-  for (int64_t i = begin; i < end; ++i) {
-    int64_t offsets[2];
-    avo::input_offsets(args, i, offsets);
-    const float grad_y_f = avo::Element<T>::to_float(grad_y[offsets[0]]);
-    const float x_f = avo::Element<T>::to_float(x[offsets[1]]);
-    float grad_x_f;
-    math.template apply<avo::Exact>(grad_y_f, x_f, grad_x_f);
-    grad_x[i] = avo::Element<T>::from_float(grad_x_f);
-  }
-}
-
-}  // namespace
 
 void forward_cpu(avo::DType dtype, const ForwardArgs& args, Approximate approximate, int64_t begin, int64_t end) {
   avo::visit_dtype<avo::Half, avo::BFloat16>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     switch (approximate) {
       case Approximate::none:
-        forward_range<T>(args, ForwardApproximateNoneMath{}, begin, end);
+        avo::run_map<T>(args, ForwardApproximateNoneMath{}, begin, end);
         break;
       case Approximate::tanh:
-        forward_range<T>(args, ForwardApproximateTanhMath{}, begin, end);
+        avo::run_map<T>(args, ForwardApproximateTanhMath{}, begin, end);
         break;
     }
   });
@@ -84,10 +27,10 @@ void backward_cpu(avo::DType dtype, const BackwardArgs& args, Approximate approx
     using T = typename decltype(tag)::type;
     switch (approximate) {
       case Approximate::none:
-        backward_range<T>(args, BackwardApproximateNoneMath{}, begin, end);
+        avo::run_map<T>(args, BackwardApproximateNoneMath{}, begin, end);
         break;
       case Approximate::tanh:
-        backward_range<T>(args, BackwardApproximateTanhMath{}, begin, end);
+        avo::run_map<T>(args, BackwardApproximateTanhMath{}, begin, end);
         break;
     }
   });

@@ -15,10 +15,17 @@ namespace avo::ops::gelu {
 
 // Forward math (y = f(x)) for approximate="none".
 struct ForwardApproximateNoneMath {
+  // Optional inputs (bit k: input k), and the value of one the call left out.
+  static constexpr unsigned kOptionalInputs = 0x0u;
+  AVO_HOST_DEVICE static constexpr float missing([[maybe_unused]] int k) { return 0.0f; }
+
+  // One element: in[k] is inputs[k], out[k] is outputs[k] (see the header).
   // Precision: avo::Exact or avo::Fast (see avo/math.h).
   template <typename Precision>
-  AVO_HOST_DEVICE void apply(float x, float& y) const {
+  AVO_HOST_DEVICE void apply(const float (&in)[1], float (&out)[1]) const {
     using F = avo::Functions<Precision>;
+    [[maybe_unused]] const float x = in[0];
+    float& y = out[0];
     const float cdf_exact = 0.5f + 0.5f * F::erf(x * 0.7071067811865476f);
     y = x * cdf_exact;
   }
@@ -26,10 +33,17 @@ struct ForwardApproximateNoneMath {
 
 // Forward math (y = f(x)) for approximate="tanh".
 struct ForwardApproximateTanhMath {
+  // Optional inputs (bit k: input k), and the value of one the call left out.
+  static constexpr unsigned kOptionalInputs = 0x0u;
+  AVO_HOST_DEVICE static constexpr float missing([[maybe_unused]] int k) { return 0.0f; }
+
+  // One element: in[k] is inputs[k], out[k] is outputs[k] (see the header).
   // Precision: avo::Exact or avo::Fast (see avo/math.h).
   template <typename Precision>
-  AVO_HOST_DEVICE void apply(float x, float& y) const {
+  AVO_HOST_DEVICE void apply(const float (&in)[1], float (&out)[1]) const {
     using F = avo::Functions<Precision>;
+    [[maybe_unused]] const float x = in[0];
+    float& y = out[0];
     const float cdf_tanh = 0.5f + 0.5f * F::tanh(0.7978845608028654f * (x + 0.044715f * (x * x * x)));
     y = x * cdf_tanh;
   }
@@ -37,10 +51,18 @@ struct ForwardApproximateTanhMath {
 
 // Backward math (input gradients from output gradients) for approximate="none".
 struct BackwardApproximateNoneMath {
+  // Optional inputs (bit k: input k), and the value of one the call left out.
+  static constexpr unsigned kOptionalInputs = 0x0u;
+  AVO_HOST_DEVICE static constexpr float missing([[maybe_unused]] int k) { return 0.0f; }
+
+  // One element: in[k] is inputs[k], out[k] is outputs[k] (see the header).
   // Precision: avo::Exact or avo::Fast (see avo/math.h).
   template <typename Precision>
-  AVO_HOST_DEVICE void apply(float grad_y, float x, float& grad_x) const {
+  AVO_HOST_DEVICE void apply(const float (&in)[2], float (&out)[1]) const {
     using F = avo::Functions<Precision>;
+    [[maybe_unused]] const float grad_y = in[0];
+    [[maybe_unused]] const float x = in[1];
+    float& grad_x = out[0];
     const float t0 = x * 0.7071067811865476f;
     const float cdf_exact = 0.5f + 0.5f * F::erf(t0);
     grad_x = grad_y * cdf_exact + grad_y * x * 0.5f * (1.1283791670955126f * F::exp(-(t0 * t0))) * 0.7071067811865476f;
@@ -49,10 +71,18 @@ struct BackwardApproximateNoneMath {
 
 // Backward math (input gradients from output gradients) for approximate="tanh".
 struct BackwardApproximateTanhMath {
+  // Optional inputs (bit k: input k), and the value of one the call left out.
+  static constexpr unsigned kOptionalInputs = 0x0u;
+  AVO_HOST_DEVICE static constexpr float missing([[maybe_unused]] int k) { return 0.0f; }
+
+  // One element: in[k] is inputs[k], out[k] is outputs[k] (see the header).
   // Precision: avo::Exact or avo::Fast (see avo/math.h).
   template <typename Precision>
-  AVO_HOST_DEVICE void apply(float grad_y, float x, float& grad_x) const {
+  AVO_HOST_DEVICE void apply(const float (&in)[2], float (&out)[1]) const {
     using F = avo::Functions<Precision>;
+    [[maybe_unused]] const float grad_y = in[0];
+    [[maybe_unused]] const float x = in[1];
+    float& grad_x = out[0];
     const float t0 = F::tanh(0.7978845608028654f * (x + 0.044715f * (x * x * x)));
     const float cdf_tanh = 0.5f + 0.5f * t0;
     const float t1 = grad_y * x * 0.5f * (1.0f - t0 * t0) * 0.7978845608028654f;

@@ -4,190 +4,23 @@
 #include "silu.h"
 #include "silu_math.h"
 
-#include <avo/cuda_launch.cuh>
+#include <avo/map_cuda.cuh>
 
 namespace avo::ops::silu {
 namespace {
 
-// 16-byte vectors each thread of a vectorized kernel moves per input and output.
-constexpr int kVectorsPerThread = 4;
-
-// Forward, every tensor dense and 16-byte aligned. Block b covers the U * kMapThreads
-// 16-byte vectors from b * U * kMapThreads on; each thread loads its U vectors per input
-// (coalesced across the block) before computing any, so that enough loads are in flight,
-// then stores U vectors per output. Block 0 also takes the numel % V elements past the
-// last full vector.
-template <typename T, typename Math>
-__global__ void __launch_bounds__(avo::kMapThreads) forward_vectorized(const ForwardArgs args, const Math math) {
-  constexpr int V = 16 / sizeof(T);
-  constexpr int U = kVectorsPerThread;
-  using P = avo::PrecisionFor<T>;
-  const T* __restrict__ x = static_cast<const T*>(args.inputs[0]);
-  T* __restrict__ y = static_cast<T*>(args.outputs[0]);
-  const int64_t vectors = args.numel / V;
-  const int64_t base = int64_t(blockIdx.x) * (U * avo::kMapThreads) + threadIdx.x;
-  if (base < vectors) {
-    avo::Vec<T, V> x_v[U];
-    AVO_UNROLL
-    for (int u = 0; u < U; ++u) {
-      // Clamped: a thread whose vector u lies past the end re-reads the last vector
-      // (and stores nothing), so the loads need no predicate.
-      const int64_t v = base + u * avo::kMapThreads < vectors ? base + u * avo::kMapThreads : vectors - 1;
-      x_v[u] = avo::load_vec<V>(x + v * V);
-    }
-    avo::Vec<T, V> y_v[U];
-    AVO_UNROLL
-    for (int u = 0; u < U; ++u) {
-      AVO_UNROLL
-      for (int k = 0; k < V; ++k) {
-        const float x_f = avo::Element<T>::to_float(x_v[u].v[k]);
-        float y_f;
-        math.template apply<P>(x_f, y_f);
-        y_v[u].v[k] = avo::Element<T>::from_float(y_f);
-      }
-    }
-    AVO_UNROLL
-    for (int u = 0; u < U; ++u) {
-      const int64_t v = base + u * avo::kMapThreads;
-      if (v < vectors) avo::store_vec<V>(y + v * V, y_v[u]);
-    }
-  }
-  const int64_t i = vectors * V + threadIdx.x;
-  if (blockIdx.x == 0 && i < args.numel) {
-    const float x_f = avo::Element<T>::to_float(x[i]);
-    float y_f;
-    math.template apply<P>(x_f, y_f);
-    y[i] = avo::Element<T>::from_float(y_f);
-  }
-}
-
-// Forward, any layout (strided, broadcast, misaligned): inputs are read through
-// their strides; outputs are dense.
-template <typename T, typename Math>
-__global__ void __launch_bounds__(avo::kMapThreads) forward_strided(const ForwardArgs args, const Math math) {
-  using P = avo::PrecisionFor<T>;
-  const T* __restrict__ x = static_cast<const T*>(args.inputs[0]);
-  T* __restrict__ y = static_cast<T*>(args.outputs[0]);
-  const int64_t step = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < args.numel; i += step) {
-    int64_t offsets[1];
-    avo::input_offsets(args, i, offsets);
-    const float x_f = avo::Element<T>::to_float(x[offsets[0]]);
-    float y_f;
-    math.template apply<P>(x_f, y_f);
-    y[i] = avo::Element<T>::from_float(y_f);
-  }
-}
-
-// Which forward kernel runs, chosen on the host per call:
-//   | layout of the call                                  | kernel             | grid                                     |
-//   |-----------------------------------------------------|--------------------|------------------------------------------|
-//   | dense like the output, all pointers 16-byte aligned | forward_vectorized | one block per U * threads vectors        |
-//   | anything else (strided, broadcast, storage offset)  | forward_strided    | one wave of resident blocks, grid-stride |
-template <typename T, typename Math>
-void launch_forward(const ForwardArgs& args, const Math& math, cudaStream_t stream) {
+// Which kernel of avo/map_cuda.cuh runs, chosen on the host per call:
+//   | layout of the call                                  | kernel                | grid                                     |
+//   |-----------------------------------------------------|-----------------------|------------------------------------------|
+//   | dense like the output, all pointers 16-byte aligned | map_vectorized_kernel | a block per U * threads 16-byte vectors  |
+//   | anything else (strided, broadcast, storage offset)  | map_strided_kernel    | one wave of resident blocks, grid-stride |
+template <typename T, typename Args, typename Math>
+void launch(const Args& args, const Math& math, cudaStream_t stream) {
   if (args.numel == 0) return;
   if (args.contiguous && avo::all_aligned(args, 16)) {
-    constexpr int V = 16 / sizeof(T);
-    const int64_t per_block = int64_t(kVectorsPerThread) * avo::kMapThreads;
-    const int64_t blocks = (args.numel / V + per_block - 1) / per_block;
-    forward_vectorized<T><<<unsigned(blocks > 0 ? blocks : 1), avo::kMapThreads, 0, stream>>>(args, math);
+    avo::launch_map_vectorized<T>(args, math, stream);
   } else {
-    const unsigned blocks = avo::resident_grid_size(forward_strided<T, Math>, args.numel, avo::kMapThreads);
-    forward_strided<T><<<blocks, avo::kMapThreads, 0, stream>>>(args, math);
-  }
-}
-
-// Backward, every tensor dense and 16-byte aligned. Block b covers the U * kMapThreads
-// 16-byte vectors from b * U * kMapThreads on; each thread loads its U vectors per input
-// (coalesced across the block) before computing any, so that enough loads are in flight,
-// then stores U vectors per output. Block 0 also takes the numel % V elements past the
-// last full vector.
-template <typename T, typename Math>
-__global__ void __launch_bounds__(avo::kMapThreads) backward_vectorized(const BackwardArgs args, const Math math) {
-  constexpr int V = 16 / sizeof(T);
-  constexpr int U = kVectorsPerThread;
-  using P = avo::PrecisionFor<T>;
-  const T* __restrict__ grad_y = static_cast<const T*>(args.inputs[0]);
-  const T* __restrict__ x = static_cast<const T*>(args.inputs[1]);
-  T* __restrict__ grad_x = static_cast<T*>(args.outputs[0]);
-  const int64_t vectors = args.numel / V;
-  const int64_t base = int64_t(blockIdx.x) * (U * avo::kMapThreads) + threadIdx.x;
-  if (base < vectors) {
-    avo::Vec<T, V> grad_y_v[U];
-    avo::Vec<T, V> x_v[U];
-    AVO_UNROLL
-    for (int u = 0; u < U; ++u) {
-      // Clamped: a thread whose vector u lies past the end re-reads the last vector
-      // (and stores nothing), so the loads need no predicate.
-      const int64_t v = base + u * avo::kMapThreads < vectors ? base + u * avo::kMapThreads : vectors - 1;
-      grad_y_v[u] = avo::load_vec<V>(grad_y + v * V);
-      x_v[u] = avo::load_vec<V>(x + v * V);
-    }
-    avo::Vec<T, V> grad_x_v[U];
-    AVO_UNROLL
-    for (int u = 0; u < U; ++u) {
-      AVO_UNROLL
-      for (int k = 0; k < V; ++k) {
-        const float grad_y_f = avo::Element<T>::to_float(grad_y_v[u].v[k]);
-        const float x_f = avo::Element<T>::to_float(x_v[u].v[k]);
-        float grad_x_f;
-        math.template apply<P>(grad_y_f, x_f, grad_x_f);
-        grad_x_v[u].v[k] = avo::Element<T>::from_float(grad_x_f);
-      }
-    }
-    AVO_UNROLL
-    for (int u = 0; u < U; ++u) {
-      const int64_t v = base + u * avo::kMapThreads;
-      if (v < vectors) avo::store_vec<V>(grad_x + v * V, grad_x_v[u]);
-    }
-  }
-  const int64_t i = vectors * V + threadIdx.x;
-  if (blockIdx.x == 0 && i < args.numel) {
-    const float grad_y_f = avo::Element<T>::to_float(grad_y[i]);
-    const float x_f = avo::Element<T>::to_float(x[i]);
-    float grad_x_f;
-    math.template apply<P>(grad_y_f, x_f, grad_x_f);
-    grad_x[i] = avo::Element<T>::from_float(grad_x_f);
-  }
-}
-
-// Backward, any layout (strided, broadcast, misaligned): inputs are read through
-// their strides; outputs are dense.
-template <typename T, typename Math>
-__global__ void __launch_bounds__(avo::kMapThreads) backward_strided(const BackwardArgs args, const Math math) {
-  using P = avo::PrecisionFor<T>;
-  const T* __restrict__ grad_y = static_cast<const T*>(args.inputs[0]);
-  const T* __restrict__ x = static_cast<const T*>(args.inputs[1]);
-  T* __restrict__ grad_x = static_cast<T*>(args.outputs[0]);
-  const int64_t step = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < args.numel; i += step) {
-    int64_t offsets[2];
-    avo::input_offsets(args, i, offsets);
-    const float grad_y_f = avo::Element<T>::to_float(grad_y[offsets[0]]);
-    const float x_f = avo::Element<T>::to_float(x[offsets[1]]);
-    float grad_x_f;
-    math.template apply<P>(grad_y_f, x_f, grad_x_f);
-    grad_x[i] = avo::Element<T>::from_float(grad_x_f);
-  }
-}
-
-// Which backward kernel runs, chosen on the host per call:
-//   | layout of the call                                  | kernel              | grid                                     |
-//   |-----------------------------------------------------|---------------------|------------------------------------------|
-//   | dense like the output, all pointers 16-byte aligned | backward_vectorized | one block per U * threads vectors        |
-//   | anything else (strided, broadcast, storage offset)  | backward_strided    | one wave of resident blocks, grid-stride |
-template <typename T, typename Math>
-void launch_backward(const BackwardArgs& args, const Math& math, cudaStream_t stream) {
-  if (args.numel == 0) return;
-  if (args.contiguous && avo::all_aligned(args, 16)) {
-    constexpr int V = 16 / sizeof(T);
-    const int64_t per_block = int64_t(kVectorsPerThread) * avo::kMapThreads;
-    const int64_t blocks = (args.numel / V + per_block - 1) / per_block;
-    backward_vectorized<T><<<unsigned(blocks > 0 ? blocks : 1), avo::kMapThreads, 0, stream>>>(args, math);
-  } else {
-    const unsigned blocks = avo::resident_grid_size(backward_strided<T, Math>, args.numel, avo::kMapThreads);
-    backward_strided<T><<<blocks, avo::kMapThreads, 0, stream>>>(args, math);
+    avo::launch_map_strided<T>(args, math, stream);
   }
 }
 
@@ -196,14 +29,14 @@ void launch_backward(const BackwardArgs& args, const Math& math, cudaStream_t st
 void forward_cuda(avo::DType dtype, const ForwardArgs& args, cudaStream_t stream) {
   avo::visit_dtype<__half, __nv_bfloat16>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch_forward<T>(args, ForwardMath{}, stream);
+    launch<T>(args, ForwardMath{}, stream);
   });
 }
 
 void backward_cuda(avo::DType dtype, const BackwardArgs& args, cudaStream_t stream) {
   avo::visit_dtype<__half, __nv_bfloat16>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch_backward<T>(args, BackwardMath{}, stream);
+    launch<T>(args, BackwardMath{}, stream);
   });
 }
 

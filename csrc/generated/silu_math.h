@@ -14,20 +14,35 @@ namespace avo::ops::silu {
 
 // Forward math (y = f(x)).
 struct ForwardMath {
+  // Optional inputs (bit k: input k), and the value of one the call left out.
+  static constexpr unsigned kOptionalInputs = 0x0u;
+  AVO_HOST_DEVICE static constexpr float missing([[maybe_unused]] int k) { return 0.0f; }
+
+  // One element: in[k] is inputs[k], out[k] is outputs[k] (see the header).
   // Precision: avo::Exact or avo::Fast (see avo/math.h).
   template <typename Precision>
-  AVO_HOST_DEVICE void apply(float x, float& y) const {
+  AVO_HOST_DEVICE void apply(const float (&in)[1], float (&out)[1]) const {
     using F = avo::Functions<Precision>;
+    [[maybe_unused]] const float x = in[0];
+    float& y = out[0];
     y = x * F::sigmoid(x);
   }
 };
 
 // Backward math (input gradients from output gradients).
 struct BackwardMath {
+  // Optional inputs (bit k: input k), and the value of one the call left out.
+  static constexpr unsigned kOptionalInputs = 0x0u;
+  AVO_HOST_DEVICE static constexpr float missing([[maybe_unused]] int k) { return 0.0f; }
+
+  // One element: in[k] is inputs[k], out[k] is outputs[k] (see the header).
   // Precision: avo::Exact or avo::Fast (see avo/math.h).
   template <typename Precision>
-  AVO_HOST_DEVICE void apply(float grad_y, float x, float& grad_x) const {
+  AVO_HOST_DEVICE void apply(const float (&in)[2], float (&out)[1]) const {
     using F = avo::Functions<Precision>;
+    [[maybe_unused]] const float grad_y = in[0];
+    [[maybe_unused]] const float x = in[1];
+    float& grad_x = out[0];
     const float t0 = F::sigmoid(x);
     grad_x = grad_y * t0 + grad_y * x * (t0 * (1.0f - t0));
   }

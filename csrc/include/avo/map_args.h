@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "common.h"
+#include "dtype.h"
 
 namespace avo {
 
@@ -39,6 +40,28 @@ AVO_UNROLL
 AVO_UNROLL
     for (int k = 0; k < NumInputs; ++k) offsets[k] += coordinate * args.input_strides[k][d];
   }
+}
+
+// True when input k of the call is there: always, unless Math marks it optional.
+template <typename Math, int NumInputs, int NumOutputs>
+AVO_HOST_DEVICE bool input_present(const MapArgs<NumInputs, NumOutputs>& args, int k) {
+  return !((Math::kOptionalInputs >> k) & 1u) || args.inputs[k] != nullptr;
+}
+
+// One element of a map op: the element of each input as float (Math::missing(k) for an
+// absent optional input), the math, and the outputs in T. `load(k)` reads input k's
+// element; it is only called for inputs that are present.
+template <typename Precision, typename T, int NumInputs, int NumOutputs, typename Math, typename Load>
+AVO_HOST_DEVICE void map_element(const MapArgs<NumInputs, NumOutputs>& args, const Math& math, Load load,
+                                 T (&out)[NumOutputs]) {
+  float in_f[NumInputs];
+  float out_f[NumOutputs];
+AVO_UNROLL
+  for (int k = 0; k < NumInputs; ++k)
+    in_f[k] = input_present<Math>(args, k) ? Element<T>::to_float(load(k)) : Math::missing(k);
+  math.template apply<Precision>(in_f, out_f);
+AVO_UNROLL
+  for (int k = 0; k < NumOutputs; ++k) out[k] = Element<T>::from_float(out_f[k]);
 }
 
 }  // namespace avo

@@ -57,6 +57,18 @@ struct Min {
   __device__ float operator()(float a, float b) const { return Functions<Exact>::minimum(a, b); }
 };
 
+// sum, max and min over a row, for a row type that provides reduce(term, combine, identity).
+template <typename Row>
+struct Reductions {
+  template <typename F>
+  __device__ __forceinline__ float sum(F term) const { return self().reduce(term, Plus{}, 0.0f); }
+  template <typename F>
+  __device__ __forceinline__ float max(F term) const { return self().reduce(term, Max{}, -INFINITY); }
+  template <typename F>
+  __device__ __forceinline__ float min(F term) const { return self().reduce(term, Min{}, INFINITY); }
+  __device__ __forceinline__ const Row& self() const { return static_cast<const Row&>(*this); }
+};
+
 // Vectors per thread of a RegisterRow, and its largest group (its block): smaller when
 // the thread also keeps per-column sums or caches several inputs, so nothing spills.
 template <typename Math>
@@ -66,7 +78,7 @@ constexpr int kMaxGroupThreads = Math::kColumnSums > 0 || (Math::kElementInputs 
 
 // A row held in registers by a group of threads (see the top of this file).
 template <typename T, typename Args, typename Math, int V>
-struct RegisterRow : RowView<T, Args> {
+struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V>> {
   static constexpr int P = kRowVectors<Math>;
   using RowView<T, Args>::args;
   using RowView<T, Args>::r;
@@ -123,12 +135,6 @@ struct RegisterRow : RowView<T, Args> {
     }
     return group_reduce(partial, combine, group_threads);
   }
-  template <typename F>
-  __device__ __forceinline__ float sum(F term) const { return reduce(term, Plus{}, 0.0f); }
-  template <typename F>
-  __device__ __forceinline__ float max(F term) const { return reduce(term, Max{}, -INFINITY); }
-  template <typename F>
-  __device__ __forceinline__ float min(F term) const { return reduce(term, Min{}, INFINITY); }
 
   template <typename F>
   __device__ __forceinline__ void for_each(F body) const {
@@ -175,7 +181,7 @@ struct RegisterRow : RowView<T, Args> {
 
 // A row taken by a whole block, read from global memory by every pass.
 template <typename T, typename Args>
-struct GlobalRow : RowView<T, Args> {
+struct GlobalRow : RowView<T, Args>, Reductions<GlobalRow<T, Args>> {
   using RowView<T, Args>::args;
   using RowView<T, Args>::r;
   int64_t chunk;  // the chunk whose partial sums this row adds to, or -1 for none
@@ -196,12 +202,6 @@ struct GlobalRow : RowView<T, Args> {
     for (int64_t n = threadIdx.x; n < args.length; n += blockDim.x) partial = combine(partial, term(At{*this, n}));
     return group_reduce(partial, combine, blockDim.x);
   }
-  template <typename F>
-  __device__ float sum(F term) const { return reduce(term, Plus{}, 0.0f); }
-  template <typename F>
-  __device__ float max(F term) const { return reduce(term, Max{}, -INFINITY); }
-  template <typename F>
-  __device__ float min(F term) const { return reduce(term, Min{}, INFINITY); }
   template <typename F>
   __device__ void for_each(F body) const {
     for (int64_t n = threadIdx.x; n < args.length; n += blockDim.x) body(At{*this, n});

@@ -1,0 +1,31 @@
+// The CPU loop of every elementwise ("map") op; the generated math is what differs.
+#pragma once
+
+#include <cstdint>
+
+#include "map_args.h"
+#include "math.h"
+
+namespace avo {
+
+// Output elements [begin, end): a plain loop when every input is laid out like the
+// output, the strided walk otherwise.
+template <typename T, int NumInputs, int NumOutputs, typename Math>
+void run_map(const MapArgs<NumInputs, NumOutputs>& args, const Math& math, int64_t begin, int64_t end) {
+  T out[NumOutputs];
+  if (args.contiguous) {
+    for (int64_t i = begin; i < end; ++i) {
+      map_element<Exact>(args, math, [&](int k) { return static_cast<const T*>(args.inputs[k])[i]; }, out);
+      for (int k = 0; k < NumOutputs; ++k) static_cast<T*>(args.outputs[k])[i] = out[k];
+    }
+    return;
+  }
+  for (int64_t i = begin; i < end; ++i) {
+    int64_t offsets[NumInputs];
+    input_offsets(args, i, offsets);
+    map_element<Exact>(args, math, [&](int k) { return static_cast<const T*>(args.inputs[k])[offsets[k]]; }, out);
+    for (int k = 0; k < NumOutputs; ++k) static_cast<T*>(args.outputs[k])[i] = out[k];
+  }
+}
+
+}  // namespace avo

@@ -1,0 +1,100 @@
+// The kernels of every elementwise ("map") op on the GPU; the generated math (Math::apply,
+// Math::missing) is what differs between ops, and the generated launcher picks the kernel.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda_launch.cuh"
+#include "map_args.h"
+
+namespace avo {
+
+// 16-byte vectors each thread of map_vectorized_kernel moves per input and output.
+constexpr int kMapVectorsPerThread = 4;
+
+// Every tensor dense and 16-byte aligned. Block b covers the U * kMapThreads 16-byte
+// vectors from b * U * kMapThreads on; each thread loads its U vectors per input
+// (coalesced across the block) before computing any, so that enough loads are in flight,
+// then stores U vectors per output. Block 0 also takes the numel % V elements past the
+// last full vector.
+template <typename T, int NumInputs, int NumOutputs, typename Math>
+__global__ void __launch_bounds__(kMapThreads) map_vectorized_kernel(const MapArgs<NumInputs, NumOutputs> args,
+                                                                     const Math math) {
+  constexpr int V = 16 / sizeof(T);
+  constexpr int U = kMapVectorsPerThread;
+  using P = PrecisionFor<T>;
+  const int64_t vectors = args.numel / V;
+  const int64_t base = int64_t(blockIdx.x) * (U * kMapThreads) + threadIdx.x;
+  if (base < vectors) {
+    Vec<T, V> in[NumInputs][U];
+    AVO_UNROLL
+    for (int u = 0; u < U; ++u) {
+      // Clamped: a thread whose vector u lies past the end re-reads the last vector
+      // (and stores nothing), so the loads need no predicate.
+      const int64_t v = base + u * kMapThreads < vectors ? base + u * kMapThreads : vectors - 1;
+      AVO_UNROLL
+      for (int k = 0; k < NumInputs; ++k)
+        if (input_present<Math>(args, k)) in[k][u] = load_vec<V>(static_cast<const T*>(args.inputs[k]) + v * V);
+    }
+    Vec<T, V> out[NumOutputs][U];
+    AVO_UNROLL
+    for (int u = 0; u < U; ++u) {
+      AVO_UNROLL
+      for (int e = 0; e < V; ++e) {
+        T element_out[NumOutputs];
+        map_element<P>(args, math, [&](int k) { return in[k][u].v[e]; }, element_out);
+        AVO_UNROLL
+        for (int k = 0; k < NumOutputs; ++k) out[k][u].v[e] = element_out[k];
+      }
+    }
+    AVO_UNROLL
+    for (int u = 0; u < U; ++u) {
+      const int64_t v = base + u * kMapThreads;
+      AVO_UNROLL
+      for (int k = 0; k < NumOutputs; ++k)
+        if (v < vectors) store_vec<V>(static_cast<T*>(args.outputs[k]) + v * V, out[k][u]);
+    }
+  }
+  const int64_t i = vectors * V + threadIdx.x;
+  if (blockIdx.x == 0 && i < args.numel) {
+    T element_out[NumOutputs];
+    map_element<P>(args, math, [&](int k) { return static_cast<const T*>(args.inputs[k])[i]; }, element_out);
+    AVO_UNROLL
+    for (int k = 0; k < NumOutputs; ++k) static_cast<T*>(args.outputs[k])[i] = element_out[k];
+  }
+}
+
+// Any layout (strided, broadcast, misaligned): inputs are read through their strides;
+// outputs are dense. A grid-stride loop.
+template <typename T, int NumInputs, int NumOutputs, typename Math>
+__global__ void __launch_bounds__(kMapThreads) map_strided_kernel(const MapArgs<NumInputs, NumOutputs> args,
+                                                                  const Math math) {
+  const int64_t step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < args.numel; i += step) {
+    int64_t offsets[NumInputs];
+    input_offsets(args, i, offsets);
+    T element_out[NumOutputs];
+    map_element<PrecisionFor<T>>(
+        args, math, [&](int k) { return static_cast<const T*>(args.inputs[k])[offsets[k]]; }, element_out);
+    AVO_UNROLL
+    for (int k = 0; k < NumOutputs; ++k) static_cast<T*>(args.outputs[k])[i] = element_out[k];
+  }
+}
+
+// One block per U * kMapThreads vectors.
+template <typename T, int NumInputs, int NumOutputs, typename Math>
+void launch_map_vectorized(const MapArgs<NumInputs, NumOutputs>& args, const Math& math, cudaStream_t stream) {
+  constexpr int V = 16 / sizeof(T);
+  const int64_t per_block = int64_t(kMapVectorsPerThread) * kMapThreads;
+  const int64_t blocks = (args.numel / V + per_block - 1) / per_block;
+  map_vectorized_kernel<T><<<unsigned(blocks > 0 ? blocks : 1), kMapThreads, 0, stream>>>(args, math);
+}
+
+// One wave of resident blocks.
+template <typename T, int NumInputs, int NumOutputs, typename Math>
+void launch_map_strided(const MapArgs<NumInputs, NumOutputs>& args, const Math& math, cudaStream_t stream) {
+  const auto kernel = map_strided_kernel<T, NumInputs, NumOutputs, Math>;
+  kernel<<<resident_grid_size(kernel, args.numel, kMapThreads), kMapThreads, 0, stream>>>(args, math);
+}
+
+}  // namespace avo
