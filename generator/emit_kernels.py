@@ -21,6 +21,11 @@ def enum_name(attr_name: str) -> str:
     return _camel(attr_name)
 
 
+def bitmask(flags) -> str:
+    """A C++ unsigned literal with bit k set where flags[k] is true."""
+    return f"0x{sum(1 << k for k, f in enumerate(flags) if f):x}u"
+
+
 def launcher_params(kernel: MapKernel, last: str) -> str:
     """Parameters after the MapArgs: the string-attribute enums, the scalar attributes, then `last`."""
     params = [f"{enum_name(a.name)} {a.name}" for a in kernel.op.attrs if a.type == "str"]
@@ -74,7 +79,7 @@ def _math_struct(kernel: MapKernel, specialization: Specialization, graph) -> li
     missing = "".join(f"k == {k} ? {float_literal(i.default)} : " for k, i in enumerate(kernel.inputs) if i.optional)
     lines = [f"// {title}.", f"struct {kernel.math_struct(specialization)} {{"]
     lines += [f"  {ctype} {name};" for name, ctype in kernel.scalars]
-    optional = "0x%xu" % sum(1 << k for k, i in enumerate(kernel.inputs) if i.optional)
+    optional = bitmask(i.optional for i in kernel.inputs)
     lines += ["  // Optional inputs (bit k: input k), and the value of one the call left out.",
               f"  static constexpr unsigned kOptionalInputs = {optional};",
               f"  AVO_HOST_DEVICE static constexpr float missing([[maybe_unused]] int k) {{ return {missing}0.0f; }}",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import textwrap
 
 from .emit_c import StatementPrinter, float_literal
-from .emit_kernels import entry_points, enum_name, header_comment, launcher_params
+from .emit_kernels import bitmask, entry_points, enum_name, header_comment, launcher_params
 from .ir import REDUCTION_OPS, Graph, Node, make, topological_order
 from .schedule import OpSchedule, RowKernel, Specialization
 
@@ -248,9 +248,6 @@ def _programs(kernel: RowKernel) -> list[tuple[Specialization, list[str]]]:
     return [(specialization, RowProgram(kernel, graph).apply_lines()) for specialization, graph in kernel.graphs]
 
 
-def _mask(flags: list[bool]) -> str:
-    return f"0x{sum(1 << k for k, f in enumerate(flags) if f):x}u"
-
 
 def _describe(kernel: RowKernel) -> str:
     ins = ", ".join(f"inputs[{k}] = {i.name} (per {_WORD[i.domain]}{', optional' if i.optional else ''})"
@@ -305,8 +302,8 @@ def emit_row_math(s: OpSchedule) -> str:
             columns = kernel.column_outputs if kernel.role == "backward" else ()
             lines += [f"// {title}.", f"struct {kernel.math_struct(specialization)} {{"]
             lines += [f"  {ctype} {name};" for name, ctype in kernel.scalars]
-            elem_inputs = _mask([i.domain == "elem" for i in kernel.inputs])
-            elem_outputs = _mask([o.domain == "elem" for o in kernel.outputs])
+            elem_inputs = bitmask([i.domain == "elem" for i in kernel.inputs])
+            elem_outputs = bitmask([o.domain == "elem" for o in kernel.outputs])
             lines += ["  // Which inputs and outputs are per element (bit k: input or output k).",
                       f"  static constexpr unsigned kElementInputs = {elem_inputs};",
                       f"  static constexpr unsigned kElementOutputs = {elem_outputs};",
