@@ -7,6 +7,8 @@ initializers register every op under `torch.ops.avo`, then the generated Python 
     import torch, avo_ops
     y = torch.ops.avo.gelu(x)          # the registered op
     y = avo_ops.gelu(x, "tanh")        # the functional API (an autograd.Function)
+    norm = avo_ops.nn.LayerNorm(1024)  # drop-in modules
+    report = avo_ops.patch(model)      # swap them into a built model (avo_ops.unpatch undoes it)
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import torch  # noqa: F401  (the extension links against torch's libraries)
 from . import _C  # noqa: F401  (registers the ops)
 from ._generated import *  # noqa: F401,F403
 from ._generated import OPS, __all__ as _generated_names
+from . import nn  # noqa: E402  (drop-in modules; after the ops they call)
+from .patching import PatchReport, patch, unpatch  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -24,4 +28,4 @@ def built_with_cuda() -> bool:
     return bool(_C.built_with_cuda())
 
 
-__all__ = ["OPS", "built_with_cuda", *_generated_names]
+__all__ = ["OPS", "built_with_cuda", "nn", "patch", "unpatch", "PatchReport", *_generated_names]

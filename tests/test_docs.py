@@ -1,5 +1,5 @@
 """The docs stay true: the README's test command is the one CI runs, the spec example in
-specs/README.md is a valid spec, and the quick-start demo runs."""
+specs/README.md is a valid spec, and the quick-start demo and the training example run."""
 from __future__ import annotations
 
 import os
@@ -50,3 +50,17 @@ def test_quickstart_demo_runs():
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "torch.compile(fullgraph=True)" in result.stdout
+
+
+def test_training_example_runs_both_models():
+    """The Llama training example, in its smoke-test size on the CPU: both runs train the
+    same model (same first loss) and the avo run replaced the RMSNorm and SiLU modules."""
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_llama.py"), "--tiny",
+                             "--device", "cpu", "--dtype", "float32", "--steps", "1", "--warmup", "1"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()
+            if line.startswith(("torch ", "avo_ops "))}
+    assert rows.keys() == {"torch", "avo_ops"}
+    assert abs(float(rows["torch"][3]) - float(rows["avo_ops"][3])) < 1e-4  # first loss
+    assert rows["torch"][4] == "0" and rows["avo_ops"][4] == "7"  # 2 layers x 2 RMSNorm + final, 2 SiLU
