@@ -1,19 +1,26 @@
 #!/usr/bin/env python3
-"""Memory-bandwidth benchmark of avo ops against torch eager and torch.compile.
+"""Memory-bandwidth benchmark of avo ops against torch eager, torch.compile and Liger-Kernel.
 
-For every op x direction x shape x dtype this measures three implementations:
+One command runs the sweep: every op (bench_cases.py), forward and backward, in bf16, fp16
+and fp32, over row lengths N = 256, 1024, ..., 262144 (powers of 4), each with as many
+rows as fit in 2^26 elements, so that every input is far larger than the L2 cache:
+
+    python benchmarks/bench_ops.py --out results/          # results.json, results.md, plots/
+
+For each case it measures up to four implementations:
 
     avo      torch.ops.avo.<op> (or <op>_backward for "bwd")
-    eager    the torch eager reference: F.gelu / F.silu / F.layer_norm / F.rms_norm /
-             torch.softmax ... for "fwd"; for "bwd" the aten backward kernel torch's
-             autograd runs (aten.gelu_backward, native_layer_norm_backward,
-             _softmax_backward_data, ...), fed the statistics its forward would have
-             saved (precomputed outside the timing)
-    compile  torch.compile of the eager reference
+    eager    the torch eager reference; for "bwd" the aten backward kernels torch's autograd
+             runs, fed the statistics its forward would have saved (bench_cases.py)
+    compile  torch.compile(fullgraph=True, dynamic=False) of the eager reference, compiled
+             afresh for every case
+    liger    Liger-Kernel, for the ops it has (liger_baselines.py); for "bwd" only its
+             backward, fed what its forward saves. Optional: without liger-kernel one notice
+             is printed and the column stays empty.
 
-Bandwidth = minimal bytes (each input read once, each output written once) / median
-time. A device-to-device copy is measured in the same run and every result is also
-reported as a fraction of the copy bandwidth (see DESIGN.md, "Measuring").
+Bandwidth = minimal bytes (each input read once, each output written once) / median time.
+A device-to-device copy is measured in the same run and every result is also reported as
+a fraction of the copy bandwidth (see DESIGN.md, "Measuring").
 
 Timing: CUDA events around each call, warm-up first, median over many repetitions.
 Inputs rotate among enough distinct buffers that the rotation's working set is several
@@ -21,19 +28,39 @@ times the L2 cache, so every timed call reads cold data from HBM. Before each ch
 timed calls the GPU is parked on a short spin kernel while the host queues the chunk,
 so host launch overhead never shows up in the per-call times.
 
-Row ops (layernorm, rmsnorm, softmax, log_softmax, swish_layernorm, add_rmsnorm,
-add_layernorm) normalize over the last dimension N of an RxN shape; their parameter
-vectors (weight, bias) have length N and the input dtype.
+Shapes (the last dimension is the row length N; channel_norm lays R x N out as
+[R/64, 64, N], see bench_cases.channel_layout):
+    default          --row-lengths 256,1024,4096,16384,65536,262144 --elements 67108864
+    --row-lengths    the N values of the sweep
+    --elements E     rows = E // N for each N (default 2^26)
+    --rows R         R rows for every N instead
+    --shapes RxN,..  explicit shapes, instead of the sweep
+    --quick          16384x4096 only, ops gelu, silu, layernorm, rmsnorm, softmax, dtypes
+                     bf16, fp32 (each part only where not given explicitly)
 
-Adding an op: append Case entries to CASES (see the gelu/silu and row-op entries below).
+Selection: --ops gelu,layernorm (default: every op but gelu_tanh, the tanh variant of
+gelu, which runs the same kernels; name it to include it), --dirs fwd,bwd, --dtypes
+bf16,fp16,fp32, --no-compile, --no-liger, --no-avo (only the baselines; no avo_ops needed).
+Timing: --reps N (default 50), --warmup N (default 10).
 
-Usage:
-    python benchmarks/bench_ops.py [--quick] [--ops gelu,layernorm] [--dirs fwd,bwd]
-        [--dtypes bf16,fp32] [--shapes 16384x4096,...] [--json PATH] [--markdown PATH]
+Outputs: --out DIR writes DIR/results.json (GPU, versions, date, command, copy bandwidth,
+every measurement with its median time, GB/s, fraction of copy and first-call time),
+DIR/results.md (summary and per-op tables) and DIR/plots/<op>_<dir>.png (GB/s against row
+length, one line per implementation, one panel per dtype; needs matplotlib, see
+requirements-bench.txt; --no-plots to skip). --json PATH and --markdown PATH write those two
+files elsewhere. The JSON is rewritten after every case, so a killed run leaves what it
+measured; on SIGTERM or Ctrl-C the run stops and writes all reports of the cases done
+("complete": false). `python benchmarks/bench_report.py DIR/results.json` redraws the
+tables and plots from a saved JSON, without a GPU.
 
---quick: 16384x4096 only; gelu, silu, layernorm, rmsnorm, softmax (fwd and bwd), 50 reps.
+Progress: a tqdm bar on stderr counting cases and naming the current one, with one result
+line per measurement above it; when stderr is not a terminal (a log), the same meter as one
+line per case. --no-progress, or no tqdm installed: plain "[i/total] case" lines. The
+summary table is printed last on stdout.
 
-Progress goes to stderr; the summary table is printed last on stdout.
+The default sweep is 360 cases (10 ops x 2 directions x 3 dtypes x 6 row lengths); its time
+goes mostly to compiling: torch.compile (about a second per row-op case) and Liger's Triton
+JIT. --no-compile, --no-liger, fewer --dtypes or --ops cut it down.
 """
 
 from __future__ import annotations
@@ -42,30 +69,39 @@ import argparse
 import datetime
 import json
 import math
+import os
+import platform
 import shlex
+import signal
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
+
+import bench_cases
+import bench_report
+from bench_cases import Case, Shape, op_names
 
 Tensor = torch.Tensor
-Shape = tuple[int, ...]
 
-DEFAULT_SHAPES = ["32768x1024", "16384x4096", "4096x16384"]
+DEFAULT_ROW_LENGTHS = [256, 1024, 4096, 16384, 65536, 262144]
+DEFAULT_ELEMENTS = 1 << 26   # 128 MiB in bf16: every tensor is twice the H200's 60 MiB L2
+DEFAULT_DTYPES = ["bf16", "fp16", "fp32"]
+DEFAULT_OPS = [op for op in op_names() if op != "gelu_tanh"]
 QUICK_SHAPES = ["16384x4096"]
 QUICK_OPS = ["gelu", "silu", "layernorm", "rmsnorm", "softmax"]
-DEFAULT_REPS = 100
-QUICK_REPS = 50          # --quick: 20 rows x 3 implementations, mostly torch.compile time
-DEFAULT_DTYPES = ["bf16", "fp32"]
+QUICK_DTYPES = ["bf16", "fp32"]
+DEFAULT_REPS = 50        # the median of 50 is stable to well under 1% on these sizes
 COPY_SIZES_MIB = [512, 2048]
 FALLBACK_L2_BYTES = 64 << 20
 L2_MULTIPLE = 3          # rotation working set >= this many L2 caches
 MAX_ROTATION_MEM = 0.25  # ... but at most this fraction of free device memory
 CHUNK = 25               # timed calls queued behind one spin kernel
+DEVICE = "cuda"
 
 DTYPES = {
     "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
@@ -73,253 +109,49 @@ DTYPES = {
     "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
 }
 SHORT_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+IMPLS = bench_report.IMPLS  # ("avo", "eager", "compile", "liger")
 
 
-# --------------------------------------------------------------------------- registry
+# --------------------------------------------------------------------------- the plan
 
 @dataclass(frozen=True)
-class Case:
-    """One benchmarked operation (an op in one direction).
+class Planned:
+    """One case of the run: an op and direction on one input shape and dtype."""
 
-    make_inputs(shape, dtype, device) -> tuple of input tensors (may end with tensors only
-                                          the eager reference reads, e.g. saved statistics)
-    avo(*inputs) / eager(*inputs)      -> output tensor(s); same signature
-    nbytes(inputs)                     -> minimal bytes moved by one call
-    """
+    case: Case
+    dtype: torch.dtype
+    shape: Shape  # the input shape, after the case's layout
 
-    op: str
-    direction: str  # "fwd" or "bwd"
-    make_inputs: Callable[[Shape, torch.dtype, torch.device], tuple[Tensor, ...]]
-    avo: Callable[..., object]
-    eager: Callable[..., object]
-    nbytes: Callable[[Sequence[Tensor]], int]
+    @property
+    def nbytes(self) -> int:
+        return self.case.nbytes(self.shape, self.dtype)
+
+    @property
+    def row_length(self) -> int:
+        return self.shape[-1]
+
+    @property
+    def rows(self) -> int:
+        return math.prod(self.shape) // self.shape[-1]
 
     @property
     def label(self) -> str:
-        return f"{self.op}.{self.direction}"
+        return f"{self.case.label} {SHORT_DTYPE[self.dtype]} {fmt_shape(self.shape)}"
 
 
-def randn_inputs(count: int):
-    """Builder of `count` standard-normal tensors of the requested shape and dtype."""
-
-    def make(shape: Shape, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, ...]:
-        return tuple(torch.randn(shape, dtype=dtype, device=device) for _ in range(count))
-
-    return make
+def sweep_shapes(row_lengths: Sequence[int], elements: int = DEFAULT_ELEMENTS,
+                 rows: Optional[int] = None) -> list[Shape]:
+    """R x N for each row length N: R = `rows` if given, else as many rows as fit in
+    `elements` (at least one)."""
+    return [(rows if rows else max(1, elements // n), n) for n in row_lengths]
 
 
-def elementwise_bytes(outputs: int = 1):
-    """Byte count of an elementwise op: every input read once, `outputs` tensors shaped
-    like the first input written once."""
-
-    def nbytes(inputs: Sequence[Tensor]) -> int:
-        read = sum(t.numel() * t.element_size() for t in inputs)
-        written = outputs * inputs[0].numel() * inputs[0].element_size()
-        return read + written
-
-    return nbytes
-
-
-def gelu_cases(op: str, approximate: str) -> list[Case]:
-    aten_bwd = torch.ops.aten.gelu_backward
-    return [
-        Case(op, "fwd", randn_inputs(1),
-             avo=lambda x: torch.ops.avo.gelu(x, approximate=approximate),
-             eager=lambda x: F.gelu(x, approximate=approximate),
-             nbytes=elementwise_bytes()),
-        Case(op, "bwd", randn_inputs(2),
-             avo=lambda dy, x: torch.ops.avo.gelu_backward(dy, x, approximate=approximate),
-             eager=lambda dy, x: aten_bwd(dy, x, approximate=approximate),
-             nbytes=elementwise_bytes()),
-    ]
-
-
-def silu_cases() -> list[Case]:
-    return [
-        Case("silu", "fwd", randn_inputs(1),
-             avo=lambda x: torch.ops.avo.silu(x),
-             eager=lambda x: F.silu(x),
-             nbytes=elementwise_bytes()),
-        Case("silu", "bwd", randn_inputs(2),
-             avo=lambda dy, x: torch.ops.avo.silu_backward(dy, x),
-             eager=lambda dy, x: torch.ops.aten.silu_backward(dy, x),
-             nbytes=elementwise_bytes()),
-    ]
-
-
-# Row ops: normalize over the LAST dimension N of an RxN input. Their make_inputs return
-# the tensors both callables take: what avo reads, plus anything the eager reference needs
-# that torch's autograd would have saved in the forward (mean/rstd, the softmax output).
-# Those extras are computed once in make_inputs, outside the timing, and avo ignores them.
-
-LN_EPS = 1e-5
-RMS_EPS = 1e-6
-
-
-def nbytes_of(t: Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
-def row_bytes(rows_read: Sequence[int], rows_written: int, cols_read: Sequence[int] = (),
-              cols_written: int = 0):
-    """Byte count of a row op: the RxN inputs at positions rows_read and the length-N
-    parameter vectors at positions cols_read read once; rows_written RxN tensors (dtype of
-    inputs[rows_read[0]]) and cols_written length-N vectors (dtype of inputs[cols_read[0]])
-    written once. Inputs at other positions (saved statistics) are not counted."""
-
-    def nbytes(inputs: Sequence[Tensor]) -> int:
-        row = inputs[rows_read[0]]
-        col_size = (inputs[cols_read[0]] if cols_read else row).element_size() * row.shape[-1]
-        return (sum(nbytes_of(inputs[i]) for i in (*rows_read, *cols_read))
-                + rows_written * nbytes_of(row) + cols_written * col_size)
-
-    return nbytes
-
-
-def row_inputs(rows: int, cols: int = 0, extra: Optional[Callable] = None):
-    """Builder of `rows` standard-normal tensors of the requested shape, then `cols`
-    standard-normal parameter vectors of length N (shape[-1]), same dtype; `extra(*tensors)`
-    may append precomputed tensors (the statistics the eager backward reads)."""
-
-    def make(shape: Shape, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, ...]:
-        ts = [torch.randn(shape, dtype=dtype, device=device) for _ in range(rows)]
-        ts += [torch.randn(shape[-1], dtype=dtype, device=device) for _ in range(cols)]
-        return tuple(ts) + (tuple(extra(*ts)) if extra is not None else ())
-
-    return make
-
-
-def layernorm_cases() -> list[Case]:
-    def stats(dy, x, w, b):  # what F.layer_norm's autograd saves: mean, rstd (fp32, Rx1)
-        _, mean, rstd = torch.ops.aten.native_layer_norm(x, [x.shape[-1]], w, b, LN_EPS)
-        return mean, rstd
-
-    return [
-        Case("layernorm", "fwd", row_inputs(1, cols=2),
-             avo=lambda x, w, b: torch.ops.avo.layernorm(x, w, b, LN_EPS),
-             eager=lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, LN_EPS),
-             nbytes=row_bytes([0], 1, cols_read=[1, 2])),
-        # Bytes: dy, x read, dx written; w read, dw, db written. The eager kernel also reads
-        # the saved mean and rstd (R floats each), which are not counted.
-        Case("layernorm", "bwd", row_inputs(2, cols=2, extra=stats),
-             avo=lambda dy, x, w, b, mean, rstd:
-                 torch.ops.avo.layernorm_backward(dy, x, w, b, LN_EPS),
-             eager=lambda dy, x, w, b, mean, rstd: torch.ops.aten.native_layer_norm_backward(
-                 dy, x, [x.shape[-1]], mean, rstd, w, b, [True, True, True]),
-             nbytes=row_bytes([0, 1], 1, cols_read=[2], cols_written=2)),
-    ]
-
-
-def rms_rstd(x: Tensor, w: Tensor) -> Tensor:
-    """The rstd (fp32, Rx1) that F.rms_norm's autograd saves for its backward."""
-    fused = getattr(torch.ops.aten, "_fused_rms_norm", None)
-    if fused is not None:
-        return fused(x, [x.shape[-1]], w, RMS_EPS)[1]
-    xc = x.to(torch.promote_types(x.dtype, torch.float32))
-    return torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + RMS_EPS)
-
-
-def rmsnorm_backward_eager(dy: Tensor, x: Tensor, w: Tensor, rstd: Tensor):
-    """The eager backward of F.rms_norm from its saved rstd.
-
-    On CUDA, torch eager autograd runs the fused kernel aten._fused_rms_norm_backward
-    (torch >= 2.8), so that is the reference there. Elsewhere (it has no CPU kernel) or on
-    older torch, the same math in plain torch ops, as torch's own decomposition of that op
-    computes it (fp32 compute, cast back):
-        xhat = x * rstd, g = dy * w
-        dx = rstd * (g - xhat * mean(g * xhat, -1)),  dw = sum over rows of dy * xhat
-    """
-    fused = getattr(torch.ops.aten, "_fused_rms_norm_backward", None)
-    if fused is not None and x.is_cuda:
-        return fused(dy, x, [x.shape[-1]], rstd, w, [True, True])
-    compute = torch.promote_types(x.dtype, torch.float32)
-    xhat = x.to(compute) * rstd
-    dyf = dy.to(compute)
-    g = dyf * w.to(compute)
-    dx = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))
-    dw = (dyf * xhat).reshape(-1, x.shape[-1]).sum(0)
-    return dx.to(x.dtype), dw.to(w.dtype)
-
-
-def rmsnorm_cases() -> list[Case]:
-    return [
-        Case("rmsnorm", "fwd", row_inputs(1, cols=1),
-             avo=lambda x, w: torch.ops.avo.rmsnorm(x, w, RMS_EPS),
-             eager=lambda x, w: F.rms_norm(x, (x.shape[-1],), w, RMS_EPS),
-             nbytes=row_bytes([0], 1, cols_read=[1])),
-        # Bytes: dy, x read, dx written; w read, dw written. The eager kernel also reads the
-        # saved rstd (R floats), which is not counted.
-        Case("rmsnorm", "bwd", row_inputs(2, cols=1, extra=lambda dy, x, w: (rms_rstd(x, w),)),
-             avo=lambda dy, x, w, rstd: torch.ops.avo.rmsnorm_backward(dy, x, w, RMS_EPS),
-             eager=rmsnorm_backward_eager,
-             nbytes=row_bytes([0, 1], 1, cols_read=[2], cols_written=1)),
-    ]
-
-
-def softmax_cases(op: str, fwd: Callable, aten_bwd: Callable) -> list[Case]:
-    # torch.ops.avo.<op> is looked up at call time: avo_ops may not be loaded (--no-avo).
-    return [
-        Case(op, "fwd", row_inputs(1),
-             avo=lambda x: getattr(torch.ops.avo, op)(x),
-             eager=lambda x: fwd(x, -1),
-             nbytes=row_bytes([0], 1)),
-        # avo recomputes from x, eager reads the saved output y (precomputed here): the same
-        # bytes either way (dy and x-or-y read, dx written).
-        Case(op, "bwd", row_inputs(2, extra=lambda dy, x: (fwd(x, -1),)),
-             avo=lambda dy, x, y: getattr(torch.ops.avo, f"{op}_backward")(dy, x),
-             eager=lambda dy, x, y: aten_bwd(dy, y, -1, x.dtype),
-             nbytes=row_bytes([0, 1], 1)),
-    ]
-
-
-def swish_layernorm_cases() -> list[Case]:
-    # Forward only: torch has no single backward kernel for layer_norm(silu(x)); its eager
-    # autograd backward would be a chain of kernels reading saved intermediates.
-    return [
-        Case("swish_layernorm", "fwd", row_inputs(1, cols=2),
-             avo=lambda x, w, b: torch.ops.avo.swish_layernorm(x, w, b, LN_EPS),
-             eager=lambda x, w, b: F.layer_norm(F.silu(x), (x.shape[-1],), w, b, LN_EPS),
-             nbytes=row_bytes([0], 1, cols_read=[1, 2])),
-    ]
-
-
-def add_norm_cases() -> list[Case]:
-    # Forward only. Bytes: x, residual read; hidden = x + residual and y written; w (, b) read.
-    def add_rmsnorm_eager(x, r, w):
-        h = x + r
-        return h, F.rms_norm(h, (x.shape[-1],), w, RMS_EPS)
-
-    def add_layernorm_eager(x, r, w, b):
-        h = x + r
-        return h, F.layer_norm(h, (x.shape[-1],), w, b, LN_EPS)
-
-    return [
-        Case("add_rmsnorm", "fwd", row_inputs(2, cols=1),
-             avo=lambda x, r, w: torch.ops.avo.add_rmsnorm(x, r, w, RMS_EPS),
-             eager=add_rmsnorm_eager,
-             nbytes=row_bytes([0, 1], 2, cols_read=[2])),
-        Case("add_layernorm", "fwd", row_inputs(2, cols=2),
-             avo=lambda x, r, w, b: torch.ops.avo.add_layernorm(x, r, w, b, LN_EPS),
-             eager=add_layernorm_eager,
-             nbytes=row_bytes([0, 1], 2, cols_read=[2, 3])),
-    ]
-
-
-CASES: list[Case] = [
-    *gelu_cases("gelu", "none"),
-    *gelu_cases("gelu_tanh", "tanh"),
-    *silu_cases(),
-    *layernorm_cases(),
-    *rmsnorm_cases(),
-    *softmax_cases("softmax", torch.softmax, torch.ops.aten._softmax_backward_data),
-    *softmax_cases("log_softmax", torch.log_softmax, torch.ops.aten._log_softmax_backward_data),
-    *swish_layernorm_cases(),
-    *add_norm_cases(),
-]
-
-
-def op_names() -> list[str]:
-    return list(dict.fromkeys(c.op for c in CASES))
+def plan_cases(args: argparse.Namespace) -> list[Planned]:
+    """Every case of the run, in the order it runs: op, direction, dtype, shape."""
+    return [Planned(case, dtype, case.layout(shape))
+            for case in bench_cases.select(args.ops, args.dirs)
+            for dtype in args.dtypes
+            for shape in args.shapes]
 
 
 # --------------------------------------------------------------------------- timing
@@ -350,7 +182,7 @@ class Timer:
         if self.cycles_per_us is not None:
             torch.cuda._sleep(int(microseconds * self.cycles_per_us))
 
-    def measure(self, fn: Callable, arg_sets: Sequence[Sequence[Tensor]]) -> list[float]:
+    def measure(self, fn: Callable, arg_sets: Sequence[Sequence]) -> list[float]:
         """Per-call GPU times in microseconds; call i uses arg_sets[i % len(arg_sets)]."""
         calls = _rotation(arg_sets)
         for _ in range(self.warmup):
@@ -366,7 +198,7 @@ class Timer:
         return [start.elapsed_time(end) * 1e3 for start, end in pairs]
 
     @staticmethod
-    def _timed_call(fn: Callable, args: Sequence[Tensor]):
+    def _timed_call(fn: Callable, args: Sequence):
         start, end = _event_pair()
         start.record()
         fn(*args)
@@ -434,7 +266,7 @@ def measure_copy(timer: Timer) -> list[dict]:
         if 2 * size > 0.8 * free_bytes():
             log(f"copy {mib} MiB: skipped (not enough free device memory)")
             continue
-        src = torch.ones(size, dtype=torch.uint8, device="cuda")
+        src = torch.ones(size, dtype=torch.uint8, device=DEVICE)
         dst = torch.empty_like(src)
         times = timer.measure(lambda d, s: d.copy_(s), [(dst, src)])
         stats = summarize(times, 2 * size, None)
@@ -446,9 +278,17 @@ def measure_copy(timer: Timer) -> list[dict]:
     return results
 
 
-# --------------------------------------------------------------------------- one row
+# --------------------------------------------------------------------------- implementations
 
-IMPLS = ("avo", "eager", "compile")
+@dataclass(frozen=True)
+class Impl:
+    """One implementation of a case. make() returns the callable (torch.compile happens
+    there); prepare(*inputs), when given, turns the case's inputs into this
+    implementation's arguments, once per input set and outside the timing."""
+
+    name: str
+    make: Callable[[], Callable]
+    prepare: Optional[Callable] = None
 
 
 def fresh_compile(fn: Callable) -> Callable:
@@ -458,32 +298,67 @@ def fresh_compile(fn: Callable) -> Callable:
     return torch.compile(fn, fullgraph=True, dynamic=False)
 
 
+def case_impls(case: Case, names: Sequence[str], liger: dict) -> list[Impl]:
+    impls = []
+    for name in names:
+        if name == "avo":
+            impls.append(Impl("avo", lambda: case.avo))
+        elif name == "eager":
+            impls.append(Impl("eager", lambda: case.eager))
+        elif name == "compile":
+            impls.append(Impl("compile", lambda: fresh_compile(case.eager)))
+        elif name == "liger" and (case.op, case.direction) in liger:
+            li = liger[(case.op, case.direction)]
+            impls.append(Impl("liger", lambda li=li: li.fn, li.prepare))
+    return impls
+
+
+def load_liger(notices: "Notices") -> dict:
+    """Liger's implementations by (op, direction), or {} with a notice when it is absent."""
+    import liger_baselines
+    try:
+        table = liger_baselines.load(bench_cases.LN_EPS, bench_cases.RMS_EPS)
+    except Exception as exc:  # noqa: BLE001 - absent (ImportError) or failing to load
+        notices.add(f"Liger-Kernel baseline skipped: {first_line(exc)} "
+                    "(pip install liger-kernel to include it)")
+        return {}
+    log(f"Liger-Kernel {liger_baselines.version()}: baseline for "
+        + ", ".join(sorted({f'{op}.{d}' for op, d in table})))
+    return table
+
+
+# --------------------------------------------------------------------------- one case
+
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
-def compare(avo_out, ref_out, dtype: torch.dtype) -> dict:
-    """Loose sanity check that avo computes what the reference computes.
+def as_list(out) -> list:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def compare(out, ref_out, dtype: torch.dtype) -> dict:
+    """Loose sanity check that an implementation computes what the eager reference computes.
 
     Ops with several outputs (most backwards) are compared output by output. Outputs
     smaller than the first (parameter gradients: sums over all R rows) get an absolute
     tolerance scaled by their largest magnitude, since summation order differs."""
     tol = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 4e-2}[dtype]
-    avo_outs = list(avo_out) if isinstance(avo_out, (tuple, list)) else [avo_out]
-    ref_outs = list(ref_out) if isinstance(ref_out, (tuple, list)) else [ref_out]
-    if len(avo_outs) != len(ref_outs):
+    outs, refs = as_list(out), as_list(ref_out)
+    if len(outs) != len(refs):
         return {"ok": False, "max_abs_diff": None,
-                "error": f"{len(avo_outs)} outputs vs {len(ref_outs)} from eager"}
+                "error": f"{len(outs)} outputs vs {len(refs)} from eager"}
     per_output = []
-    for a, r in zip(avo_outs, ref_outs):
-        if a.shape != r.shape:
+    for a, r in zip(outs, refs):
+        if a is None or a.shape != r.shape:
+            got = None if a is None else list(a.shape)
             per_output.append({"ok": False, "max_abs_diff": None,
-                               "error": f"shape {list(a.shape)} vs {list(r.shape)}"})
+                               "error": f"shape {got} vs {list(r.shape)}"})
             continue
         a, r = a.float(), r.float()
         atol = tol
-        if r.numel() < ref_outs[0].numel() and r.numel() > 0:
+        if r.numel() < refs[0].numel() and r.numel() > 0:
             atol = tol * max(1.0, r.abs().max().item())
         max_abs = (a - r).abs().max().item() if r.numel() else 0.0
         per_output.append({"ok": bool(torch.allclose(a, r, rtol=tol, atol=atol)),
@@ -508,134 +383,162 @@ class Notices:
             log(f"NOTICE: {message}")
 
 
-def bench_case(case: Case, shape: Shape, dtype: torch.dtype, timer: Timer, copy_gbps,
-               impls: Sequence[str], notices: Notices) -> dict:
-    torch.manual_seed(0)
-    probe = case.make_inputs(shape, dtype, torch.device("cuda"))
-    set_bytes = sum(t.numel() * t.element_size() for t in probe)
-    count = rotation_count(set_bytes)
-    arg_sets = [probe] + [case.make_inputs(shape, dtype, torch.device("cuda"))
-                          for _ in range(count - 1)]
-    nbytes = case.nbytes(probe)
+def check_notice(impl: str, planned: Planned, check: dict) -> str:
+    bad = [str(i) for i, o in enumerate(check.get("outputs", [])) if not o["ok"]]
+    diff = check["max_abs_diff"]
+    return (f"{impl} output differs from eager for {planned.label} "
+            + (f"(outputs {','.join(bad)}; " if bad else "(")
+            + (f"max abs diff {diff:.3g})" if diff is not None
+               else f"{check.get('error', 'mismatch')})"))
+
+
+def bench_case(planned: Planned, impls: Sequence[Impl], timer: Timer, copy_gbps,
+               notices: Notices) -> dict:
+    case, dtype, shape = planned.case, planned.dtype, planned.shape
     row = {"op": case.op, "dir": case.direction, "shape": list(shape),
-           "dtype": SHORT_DTYPE[dtype], "bytes": nbytes, "buffers": count,
+           "rows": planned.rows, "row_length": planned.row_length,
+           "dtype": SHORT_DTYPE[dtype], "bytes": planned.nbytes, "buffers": None,
            "results": {}, "check": None}
-    fns = {"avo": case.avo, "eager": case.eager}
+    try:
+        torch.manual_seed(0)
+        device = torch.device(DEVICE)
+        probe = case.make_inputs(shape, dtype, device)
+        count = rotation_count(sum(t.numel() * t.element_size() for t in probe))
+        arg_sets = [probe] + [case.make_inputs(shape, dtype, device) for _ in range(count - 1)]
+    except Exception as exc:  # noqa: BLE001 - e.g. out of memory: report, keep going
+        row["error"] = first_line(exc)
+        notices.add(f"{planned.label} skipped: {row['error']}")
+        torch.cuda.empty_cache()
+        return row
+    row["buffers"] = count
+
+    try:
+        reference = case.eager(*probe)  # what avo and Liger are checked against
+    except Exception as exc:  # noqa: BLE001 - reported by the checks (and by eager's timing)
+        reference = exc
+
     for impl in impls:
-        tag = f"{case.label} {fmt_shape(shape)} {SHORT_DTYPE[dtype]} {impl}"
+        tag = f"{planned.label} {impl.name}"
         try:
-            fn = fresh_compile(case.eager) if impl == "compile" else fns[impl]
-            fn(*probe)  # first call: compiles / surfaces missing ops
-            stats = summarize(timer.measure(fn, arg_sets), nbytes, copy_gbps)
+            stats, out = measure_impl(impl, probe, arg_sets, planned.nbytes, timer, copy_gbps)
             log(f"{tag}: {stats['gbps']:.0f} GB/s ({stats['median_us']:.1f} us, "
                 f"{count} buffers)")
+            if impl.name in ("avo", "liger"):
+                stats["check"] = check_against(reference, out, dtype)
+                if not stats["check"]["ok"]:
+                    notices.add(check_notice(impl.name, planned, stats["check"]))
+            del out
         except Exception as exc:  # noqa: BLE001 - report and keep benchmarking
             stats = {"error": first_line(exc)}
-            notices.add(f"{impl} unavailable for {case.label}: {stats['error']}")
+            notices.add(f"{impl.name} unavailable for {case.label}: {stats['error']}")
             log(f"{tag}: unavailable")
-        row["results"][impl] = stats
-    if "gbps" in row["results"].get("avo", {}):
-        try:
-            row["check"] = compare(case.avo(*probe), case.eager(*probe), dtype)
-        except Exception as exc:  # noqa: BLE001 - e.g. the eager reference is unavailable
-            row["check"] = {"ok": False, "max_abs_diff": None, "error": first_line(exc)}
-        if not row["check"]["ok"]:
-            bad = [str(i) for i, o in enumerate(row["check"].get("outputs", [])) if not o["ok"]]
-            diff = row["check"]["max_abs_diff"]
-            notices.add(f"avo output differs from eager for {case.label} "
-                        f"{fmt_shape(shape)} {SHORT_DTYPE[dtype]} "
-                        + (f"(outputs {','.join(bad)}; " if bad else "(")
-                        + (f"max abs diff {diff:.3g})" if diff is not None
-                           else f"{row['check'].get('error', 'mismatch')})"))
-    row["speedup_vs_best_other"] = speedup(row["results"])
-    del arg_sets, probe
+        row["results"][impl.name] = stats
+    row["check"] = row["results"].get("avo", {}).pop("check", None)
+    row["speedup_vs_best_other"] = bench_report.speedup(row["results"])
+    del arg_sets, probe, reference
     torch.cuda.empty_cache()
     return row
 
 
-def speedup(results: dict) -> Optional[float]:
-    avo = results.get("avo", {}).get("gbps")
-    others = [r["gbps"] for k, r in results.items() if k != "avo" and "gbps" in r]
-    if avo is None or not others:
-        return None
-    return round(avo / max(others), 3)
+def measure_impl(impl: Impl, probe, arg_sets, nbytes: int, timer: Timer, copy_gbps):
+    """(stats, output of the first call). The first call compiles or JITs; its wall time,
+    synchronized, is kept as first_call_s."""
+    t0 = time.perf_counter()
+    fn = impl.make()
+    first_args = impl.prepare(*probe) if impl.prepare else probe
+    out = fn(*first_args)
+    torch.cuda.synchronize()
+    first_call_s = time.perf_counter() - t0
+    sets = [impl.prepare(*s) for s in arg_sets] if impl.prepare else arg_sets
+    stats = summarize(timer.measure(fn, sets), nbytes, copy_gbps)
+    stats["first_call_s"] = round(first_call_s, 3)
+    return stats, out
 
 
-# --------------------------------------------------------------------------- reports
-
-def fmt_shape(shape: Sequence[int]) -> str:
-    return "x".join(str(s) for s in shape)
-
-
-def cell(value, spec: str) -> str:
-    return "–" if value is None else format(value, spec)
-
-
-def table_rows(rows: list[dict]) -> list[list[str]]:
-    out = []
-    for r in rows:
-        res = r["results"]
-        out.append([
-            r["op"], r["dir"], fmt_shape(r["shape"]), r["dtype"],
-            cell(res.get("avo", {}).get("gbps"), ".0f"),
-            cell(res.get("avo", {}).get("frac_copy"), ".2f"),
-            cell(res.get("eager", {}).get("gbps"), ".0f"),
-            cell(res.get("compile", {}).get("gbps"), ".0f"),
-            cell(r["speedup_vs_best_other"], ".2f") + ("" if r["speedup_vs_best_other"] is None else "x"),
-        ])
-    return out
+def check_against(reference, out, dtype) -> dict:
+    """compare() of out with the eager output, or the reason there is none."""
+    if isinstance(reference, Exception):
+        return {"ok": False, "max_abs_diff": None,
+                "error": f"no eager reference: {first_line(reference)}"}
+    try:
+        return compare(out, reference, dtype)
+    except Exception as exc:  # noqa: BLE001 - e.g. outputs of an unexpected kind
+        return {"ok": False, "max_abs_diff": None, "error": first_line(exc)}
 
 
-HEADER = ["op", "dir", "shape", "dtype", "avo GB/s", "avo/copy", "eager GB/s",
-          "compile GB/s", "avo vs best"]
+# --------------------------------------------------------------------------- progress
+
+class Progress:
+    """Counts cases on stderr with tqdm. On a terminal: a bar naming the current case, with
+    the log lines written above it. Otherwise (a log file, a pipe): the same tqdm meter as
+    one line per case, so the log stays readable. Without tqdm: "[i/total] case" lines."""
+
+    def __init__(self, total: int, enabled: bool = True):
+        self.total, self.done = total, 0
+        self.started = time.perf_counter()
+        self.bar = self.meter = None
+        if not enabled:
+            return
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            log("tqdm is not installed: progress as plain lines (pip install tqdm)")
+            return
+        if sys.stderr.isatty():
+            self.bar = tqdm(total=total, unit="case", file=sys.stderr, dynamic_ncols=True)
+        else:
+            self.meter = tqdm.format_meter
+
+    def start(self, planned: Planned) -> None:
+        text = (f"{planned.case.label} {SHORT_DTYPE[planned.dtype]} "
+                f"N={planned.row_length} ({fmt_shape(planned.shape)})")
+        if self.bar is not None:
+            self.bar.set_description_str(text)
+        elif self.meter is not None:
+            log(self.meter(self.done, self.total, time.perf_counter() - self.started,
+                           prefix=text, unit="case"))
+        else:
+            log(f"[{self.done + 1}/{self.total}] {text}")
+
+    def advance(self) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def write(self, message: str) -> None:
+        if self.bar is not None:
+            self.bar.write(message, file=sys.stderr)
+        else:
+            print(message, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
 
-def text_table(rows: list[dict]) -> str:
-    body = [HEADER] + table_rows(rows)
-    widths = [max(len(line[i]) for line in body) for i in range(len(HEADER))]
-    lines = ["  ".join(c.rjust(w) if i >= 4 else c.ljust(w)
-                       for i, (c, w) in enumerate(zip(line, widths))).rstrip()
-             for line in body]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+_progress: Optional[Progress] = None
 
 
-def copy_line(meta: dict) -> str:
-    parts = [f"{c['gbps']:.0f} GB/s ({c['size_mib']} MiB)" for c in meta["copy"]]
-    return f"device copy: {', '.join(parts) or 'not measured'}"
-
-
-def markdown_report(meta: dict, rows: list[dict]) -> str:
-    lines = [
-        f"# avo_ops benchmark — {meta['gpu']}",
-        "",
-        f"{meta['date']}; torch {meta['torch']}, CUDA {meta['cuda']}; "
-        f"{meta['reps']} timed calls per result (median), L2 {meta['l2_bytes'] >> 20} MiB.",
-        f"GB/s = minimal bytes (inputs read once, outputs written once) / median time. "
-        f"{copy_line(meta)}; ratios use {meta['copy_gbps']:.0f} GB/s.",
-        "",
-        f"Command: `{meta['command']}`",
-        "",
-        "| " + " | ".join(HEADER) + " |",
-        "|" + "---|" * len(HEADER),
-    ]
-    lines += ["| " + " | ".join(r) + " |" for r in table_rows(rows)]
-    if meta["notices"]:
-        lines += ["", "Notices:", ""] + [f"- {n}" for n in meta["notices"]]
-    return "\n".join(lines) + "\n"
+def log(message: str) -> None:
+    if _progress is not None:
+        _progress.write(message)
+    else:
+        print(message, file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------- CLI
 
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+def fmt_shape(shape: Sequence[int]) -> str:
+    return "x".join(str(s) for s in shape)
 
 
 def parse_shape(text: str) -> Shape:
     try:
         shape = tuple(int(p) for p in text.lower().replace("×", "x").split("x"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"bad shape {text!r}; expected e.g. 16384x4096")
+        raise argparse.ArgumentTypeError(
+            f"bad shape {text!r}; expected e.g. 16384x4096") from None
     if not shape or min(shape) <= 0:
         raise argparse.ArgumentTypeError(f"bad shape {text!r}")
     return shape
@@ -645,47 +548,86 @@ def split_list(text: Optional[str]) -> Optional[list[str]]:
     return None if text is None else [p.strip() for p in text.split(",") if p.strip()]
 
 
+def positive_ints(p: argparse.ArgumentParser, text: str, what: str) -> list[int]:
+    try:
+        values = [int(v) for v in split_list(text)]
+    except ValueError:
+        p.error(f"{what} takes comma-separated integers, got {text!r}")
+    if not values or min(values) <= 0:
+        p.error(f"{what} takes positive integers, got {text!r}")
+    return values
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        description="Bandwidth of avo ops vs torch eager and torch.compile (CUDA only).",
+        description="Bandwidth of avo ops vs torch eager, torch.compile and Liger-Kernel "
+                    "(CUDA only), swept over row lengths.",
         epilog=f"ops: {', '.join(op_names())}. dtypes: bf16, fp16, fp32. "
                "Progress goes to stderr; the summary table is printed last on stdout.")
     p.add_argument("--quick", action="store_true",
-                   help=f"only {', '.join(QUICK_SHAPES)} (unless --shapes is given), "
-                        f"ops {','.join(QUICK_OPS)} (unless --ops is given), "
-                        f"{QUICK_REPS} reps (unless --reps is given)")
-    p.add_argument("--ops", help="comma-separated op names (default: all)")
+                   help=f"only {', '.join(QUICK_SHAPES)} (unless shapes are given), "
+                        f"ops {','.join(QUICK_OPS)} (unless --ops is given), dtypes "
+                        f"{','.join(QUICK_DTYPES)} (unless --dtypes is given)")
+    p.add_argument("--ops", help="comma-separated op names (default: all but gelu_tanh)")
     p.add_argument("--dirs", default="fwd,bwd", help="fwd, bwd or both (default: fwd,bwd)")
     p.add_argument("--dtypes", help=f"comma-separated (default: {','.join(DEFAULT_DTYPES)})")
-    p.add_argument("--shapes", help=f"comma-separated (default: {','.join(DEFAULT_SHAPES)})")
-    p.add_argument("--reps", type=int,
-                   help=f"timed calls per result (default {DEFAULT_REPS}; {QUICK_REPS} with --quick)")
+    p.add_argument("--row-lengths", metavar="N,...",
+                   help="row lengths of the sweep (default: "
+                        f"{','.join(map(str, DEFAULT_ROW_LENGTHS))})")
+    p.add_argument("--elements", type=int, default=DEFAULT_ELEMENTS,
+                   help="elements per input tensor: rows = elements // N "
+                        f"(default {DEFAULT_ELEMENTS} = 2^{DEFAULT_ELEMENTS.bit_length() - 1})")
+    p.add_argument("--rows", type=int, help="this many rows for every row length instead")
+    p.add_argument("--shapes", metavar="RxN,...",
+                   help="explicit shapes instead of the sweep, e.g. 16384x4096,4096x16384")
+    p.add_argument("--reps", type=int, default=DEFAULT_REPS,
+                   help=f"timed calls per result (default {DEFAULT_REPS})")
     p.add_argument("--warmup", type=int, default=10, help="untimed calls first (default 10)")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    p.add_argument("--no-liger", action="store_true", help="skip Liger-Kernel")
     p.add_argument("--no-avo", action="store_true",
-                   help="benchmark only the torch references (no avo_ops needed)")
+                   help="benchmark only the baselines (no avo_ops needed)")
+    p.add_argument("--row-version", choices=["auto", "register", "staged", "global"], default="auto",
+                   help="run every row op on this CUDA kernel version where the call can take it "
+                        "(default: auto, the dispatch table's choice)")
+    p.add_argument("--out", metavar="DIR",
+                   help="write DIR/results.json, DIR/results.md and DIR/plots/*.png")
     p.add_argument("--json", metavar="PATH", help="write all results as JSON")
     p.add_argument("--markdown", metavar="PATH", help="write the summary as Markdown")
+    p.add_argument("--no-plots", action="store_true", help="no PNG plots with --out")
+    p.add_argument("--no-progress", action="store_true",
+                   help="plain progress lines instead of a progress bar")
     args = p.parse_args(argv)
 
-    args.ops = split_list(args.ops) or (QUICK_OPS if args.quick else op_names())
+    args.ops = split_list(args.ops) or (QUICK_OPS if args.quick else DEFAULT_OPS)
     unknown = set(args.ops) - set(op_names())
     if unknown:
         p.error(f"unknown op(s) {sorted(unknown)}; known: {op_names()}")
     args.dirs = split_list(args.dirs)
     if not args.dirs or set(args.dirs) - {"fwd", "bwd"}:
         p.error("--dirs takes fwd, bwd or fwd,bwd")
-    dtype_names = split_list(args.dtypes) or DEFAULT_DTYPES
+    dtype_names = split_list(args.dtypes) or (QUICK_DTYPES if args.quick else DEFAULT_DTYPES)
     if set(dtype_names) - set(DTYPES):
         p.error(f"unknown dtype(s) in {dtype_names}; known: bf16, fp16, fp32")
     args.dtypes = list(dict.fromkeys(DTYPES[d] for d in dtype_names))
-    shape_texts = split_list(args.shapes) or (QUICK_SHAPES if args.quick else DEFAULT_SHAPES)
-    try:
-        args.shapes = [parse_shape(s) for s in shape_texts]
-    except argparse.ArgumentTypeError as exc:
-        p.error(str(exc))
-    if args.reps is None:
-        args.reps = QUICK_REPS if args.quick else DEFAULT_REPS
+    if args.elements <= 0 or (args.rows is not None and args.rows <= 0):
+        p.error("--elements and --rows must be positive")
+
+    args.sweep_elements = None  # the element count the rows were chosen for, if they were
+    if args.shapes is not None:
+        try:
+            args.shapes = [parse_shape(s) for s in split_list(args.shapes)]
+        except argparse.ArgumentTypeError as exc:
+            p.error(str(exc))
+        if not args.shapes:
+            p.error("--shapes is empty")
+    elif args.quick and args.row_lengths is None and args.rows is None:
+        args.shapes = [parse_shape(s) for s in QUICK_SHAPES]
+    else:
+        lengths = (positive_ints(p, args.row_lengths, "--row-lengths")
+                   if args.row_lengths is not None else DEFAULT_ROW_LENGTHS)
+        args.shapes = sweep_shapes(lengths, args.elements, args.rows)
+        args.sweep_elements = None if args.rows else args.elements
     if args.reps < 1 or args.warmup < 0:
         p.error("--reps must be >= 1 and --warmup >= 0")
     return args
@@ -697,70 +639,155 @@ def import_avo() -> bool:
     except Exception as exc:  # noqa: BLE001
         log(f"error: `import avo_ops` failed: {first_line(exc)}")
         log("Build/install the package first (pip install --no-build-isolation -e .), "
-            "or pass --no-avo to benchmark only the torch references.")
+            "or pass --no-avo to benchmark only the baselines.")
         return False
     return True
 
 
-def run_meta(args, copy: list[dict], notices: Notices) -> dict:
-    copy_gbps = max((c["gbps"] for c in copy), default=None)
+def package_version(module: str) -> Optional[str]:
+    try:
+        return __import__(module).__version__
+    except Exception:  # noqa: BLE001 - absent or broken: informational only
+        return None
+
+
+def git_commit() -> Optional[str]:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        out = subprocess.run(["git", "-C", root, "describe", "--always", "--dirty"],
+                             capture_output=True, text=True, timeout=10)
+    except Exception:  # noqa: BLE001
+        return None
+    return out.stdout.strip() or None
+
+
+def run_meta(args, copy: list[dict], impls: Sequence[str], liger_used: bool) -> dict:
+    """What the reports say about the machine, the software and the run."""
+    import liger_baselines
     return {
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
+        "triton": package_version("triton"),
+        "liger": liger_baselines.version() if liger_used else None,
+        "python": platform.python_version(),
+        "avo_ops_commit": git_commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join([sys.executable, *sys.argv]),
+        "impls": list(impls),
         "reps": args.reps,
         "warmup": args.warmup,
+        "elements": args.sweep_elements,
         "l2_bytes": l2_bytes(),
         "copy": copy,
-        "copy_gbps": copy_gbps,
-        "notices": notices.items,
+        "copy_gbps": max((c["gbps"] for c in copy), default=None),
     }
 
 
-def write_reports(args, meta: dict, rows: list[dict]) -> None:
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({**meta, "rows": rows}, f, indent=2)
-        log(f"wrote {args.json}")
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(markdown_report(meta, rows))
-        log(f"wrote {args.markdown}")
+def report_paths(args) -> tuple[Optional[str], Optional[str]]:
+    """(JSON path, Markdown path): --json/--markdown, else the files in --out, else None."""
+    json_path, md_path = args.json, args.markdown
+    if args.out:
+        json_path = json_path or os.path.join(args.out, "results.json")
+        md_path = md_path or os.path.join(args.out, "results.md")
+    return json_path, md_path
+
+
+def save_json(path: str, results: dict) -> None:
+    """Write via a temporary file, so a run killed mid-write leaves the previous version."""
+    folder = os.path.dirname(path)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(results, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def write_reports(args, results: dict) -> None:
+    json_path, md_path = report_paths(args)
+    paths = []
+    if json_path:
+        save_json(json_path, results)
+        paths.append(json_path)
+    if md_path:
+        if os.path.dirname(md_path):
+            os.makedirs(os.path.dirname(md_path), exist_ok=True)
+        with open(md_path, "w") as f:
+            f.write(bench_report.markdown_report(results))
+        paths.append(md_path)
+    if args.out and not args.no_plots:
+        try:
+            paths += bench_report.plot_results(results, os.path.join(args.out, "plots"))
+        except ImportError as exc:
+            log(f"NOTICE: no plots: {first_line(exc)} (pip install -r requirements-bench.txt)")
+    for path in paths:
+        log(f"wrote {path}")
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM (e.g. from `timeout`): stop and report what ran
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    global _progress
     args = parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device; nothing to benchmark")
         return 0
     if not args.no_avo and not import_avo():
         return 1
-    impls = [i for i in IMPLS if not (i == "avo" and args.no_avo)
-             and not (i == "compile" and args.no_compile)]
-    cases = [c for c in CASES if c.op in args.ops and c.direction in args.dirs]
-    total = len(cases) * len(args.dtypes) * len(args.shapes)
-    log(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, L2 {l2_bytes() >> 20} MiB; "
-        f"{total} cases x {len(impls)} implementations, {args.reps} reps each")
-
+    if not args.no_avo:
+        import avo_ops
+        avo_ops._C.set_row_version(args.row_version)
+    start = time.perf_counter()
     notices = Notices()
+    liger = {} if args.no_liger else load_liger(notices)
+    names = [i for i in IMPLS if not (i == "avo" and args.no_avo)
+             and not (i == "compile" and args.no_compile)
+             and not (i == "liger" and not liger)]
+    plan = plan_cases(args)
+    log(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, L2 {l2_bytes() >> 20} MiB; "
+        f"{len(plan)} cases ({', '.join(names)}), {args.reps} reps each")
+    previous_handler = signal.signal(signal.SIGTERM, _interrupt)
+    json_path, _ = report_paths(args)
+    rows: list[dict] = []
+    interrupted = False
+
+    def results(complete: bool) -> dict:
+        return {**meta, "complete": complete, "cases_planned": len(plan),
+                "wall_s": round(time.perf_counter() - start, 1), "notices": notices.items,
+                "rows": rows}
+
     with torch.no_grad():
         timer = Timer(args.reps, args.warmup)
         copy = measure_copy(timer)
         copy_gbps = max((c["gbps"] for c in copy), default=None)
-        rows = []
-        for case in cases:
-            for dtype in args.dtypes:
-                for shape in args.shapes:
-                    log(f"[{len(rows) + 1}/{total}]")
-                    rows.append(bench_case(case, shape, dtype, timer, copy_gbps, impls, notices))
+        meta = run_meta(args, copy, names, bool(liger))
+        _progress = Progress(len(plan), enabled=not args.no_progress)
+        try:
+            for planned in plan:
+                _progress.start(planned)
+                impls = case_impls(planned.case, names, liger)
+                rows.append(bench_case(planned, impls, timer, copy_gbps, notices))
+                _progress.advance()
+                if json_path:  # a checkpoint: what ran survives a killed run
+                    save_json(json_path, results(complete=False))
+        except KeyboardInterrupt:
+            interrupted = True
+            notices.add(f"interrupted after {len(rows)} of {len(plan)} cases")
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the reports get written in full
+            _progress.close()
+            _progress = None
 
-    meta = run_meta(args, copy, notices)
-    write_reports(args, meta, rows)
-    print(copy_line(meta))
-    print(text_table(rows))
-    return 0
+    final = results(complete=not interrupted)
+    write_reports(args, final)
+    log(f"{'stopped' if interrupted else 'done'} after {final['wall_s']:.0f} s (first calls, "
+        f"i.e. compile and JIT: {bench_report.first_call_seconds(rows):.0f} s)")
+    print(bench_report.copy_line(final))
+    print(bench_report.text_table(final))
+    signal.signal(signal.SIGTERM, previous_handler)
+    return 130 if interrupted else 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,11 @@
 // The Python module `avo_ops._C`. Importing it runs the static TORCH_LIBRARY
-// registrations of the linked op sources; it exposes one function, built_with_cuda().
+// registrations of the linked op sources; it exposes built_with_cuda() and
+// set_row_version() (for tests and benchmarks).
 #include <Python.h>
+
+#include <cstring>
+
+#include <avo/row_version.h>
 
 namespace {
 
@@ -12,8 +17,36 @@ PyObject* built_with_cuda(PyObject*, PyObject*) {
 #endif
 }
 
+// set_row_version(name): "auto", "register", "staged" or "global".
+PyObject* set_row_version(PyObject*, PyObject* arg) {
+  const char* name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : nullptr;
+  if (name == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "set_row_version: expected a str");
+    return nullptr;
+  }
+  static const struct {
+    const char* name;
+    avo::RowVersion version;
+  } versions[] = {{"auto", avo::RowVersion::kAuto},
+                  {"register", avo::RowVersion::kRegister},
+                  {"staged", avo::RowVersion::kStaged},
+                  {"global", avo::RowVersion::kGlobal}};
+  for (const auto& v : versions) {
+    if (std::strcmp(name, v.name) == 0) {
+      avo::forced_row_version() = v.version;
+      Py_RETURN_NONE;
+    }
+  }
+  PyErr_Format(PyExc_ValueError,
+               "set_row_version: unknown version '%s'; expected 'auto', 'register', 'staged' or 'global'", name);
+  return nullptr;
+}
+
 PyMethodDef methods[] = {
     {"built_with_cuda", built_with_cuda, METH_NOARGS, "True when the extension has CUDA kernels."},
+    {"set_row_version", set_row_version, METH_O,
+     "Makes every CUDA row-op call take one kernel version ('register', 'staged', 'global') where it can, "
+     "or the dispatch table's choice ('auto'). For tests and benchmarks."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -11,6 +11,7 @@ from .emit_python import emit_python, emit_python_index
 from .errors import SpecError
 from .model import load_spec
 from .schedule import OpSchedule, schedule
+from .tuning import ArchTuning, load_tunings
 
 CPP_DIR = os.path.join("csrc", "generated")
 PY_DIR = os.path.join("avo_ops", "_generated")
@@ -47,14 +48,16 @@ def load_schedules(root: str, specs_dir: str, namespace: str = "avo") -> list[Op
     return schedules
 
 
-def render(schedules: list[OpSchedule], namespace: str = "avo") -> dict[str, str]:
-    """Relative path -> file content, for every generated file."""
+def render(schedules: list[OpSchedule], namespace: str = "avo", tunings: list[ArchTuning] = ()) -> dict[str, str]:
+    """Relative path -> file content, for every generated file. `tunings`: the measured
+    dispatch thresholds of the row kernels (tuning/*.json)."""
     files: dict[str, str] = {}
     for s in schedules:
         name = s.spec.name
         emitters = ROW_EMITTERS if s.pattern == "row" else MAP_EMITTERS
         for suffix, emit in emitters.items():
-            files[os.path.join(CPP_DIR, f"{name}{suffix}")] = emit(s)
+            content = emit_row_cuda(s, tunings) if emit is emit_row_cuda else emit(s)
+            files[os.path.join(CPP_DIR, f"{name}{suffix}")] = content
         files[os.path.join(PY_DIR, f"{name}.py")] = emit_python(s)
     files[os.path.join(CPP_DIR, "registration.cpp")] = emit_registration(schedules, namespace)
     files[os.path.join(PY_DIR, "__init__.py")] = emit_python_index(schedules)
@@ -81,7 +84,7 @@ def _stale_generated(root: str, wanted: dict[str, str]) -> list[str]:
 def generate(root: str, specs_dir: str, check: bool, namespace: str = "avo") -> Outcome:
     """Write (or, with check, only compare) every generated file under `root`; the ops
     register in `namespace` (the package uses "avo"; tests build others beside it)."""
-    files = render(load_schedules(root, specs_dir, namespace), namespace)
+    files = render(load_schedules(root, specs_dir, namespace), namespace, load_tunings(root))
     changed = []
     for relative, content in sorted(files.items()):
         path = os.path.join(root, relative)

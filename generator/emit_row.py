@@ -17,6 +17,7 @@ from .emit_c import StatementPrinter, float_literal
 from .emit_kernels import bitmask, entry_points, enum_name, header_comment, launcher_params
 from .ir import REDUCTION_OPS, Graph, Node, make, topological_order
 from .schedule import OpSchedule, RowKernel, Specialization
+from .tuning import DTYPES as TUNING_DTYPES, ArchTuning
 
 REDUCE_CALL = {"rsum": "sum", "rmax": "max", "rmin": "min"}
 
@@ -323,14 +324,48 @@ def emit_row_math(s: OpSchedule) -> str:
     return "\n".join(lines)
 
 
-def emit_row_cuda(s: OpSchedule) -> str:
+def _tuning_rows(s: OpSchedule, kernel: RowKernel, tunings: list[ArchTuning]) -> list[tuple[str, int, list]]:
+    """(GPU label, arch, thresholds per dtype) of one kernel: the tuned GPUs, then the rest."""
+    rows = [(f"sm_{t.arch} ({t.gpu})" if t.gpu else f"sm_{t.arch}", t.arch,
+             [t.threshold(s.spec.name, kernel.role, d) for d in TUNING_DTYPES]) for t in tunings]
+    return rows + [("any other GPU", 0, [None] * len(TUNING_DTYPES))]
+
+
+def _dispatch_table(s: OpSchedule, tunings: list[ArchTuning]) -> list[str]:
+    """The row-version dispatch of both kernels: a readable table, then the arrays the
+    launchers pass to avo::staged_min_vectors."""
+    kernels = [(k, _tuning_rows(s, k, tunings)) for k in (s.forward, s.backward)]
+    width = max(len(gpu) for _, rows in kernels for gpu, _, _ in rows)
+    lines = [
+        "// Which version of avo/row_cuda.cuh a call runs (pick_row_version, on the host per",
+        "// call): rows of 16-byte vectors take StagedRow from the length in vectors below on",
+        "// (where it fits), RegisterRow below it (where it fits), GlobalRow otherwise; \"never\":",
+        "// StagedRow only for rows registers cannot hold. Measured by benchmarks/tune_rows.py",
+        "// (tuning/sm_<arch>.json).",
+        f"//   | {'kernel':8} | {'GPU':{width}} | " + " | ".join(f"{d:>8}" for d in TUNING_DTYPES) + " |",
+    ]
+    for kernel, rows in kernels:
+        lines += [f"//   | {kernel.role:8} | {gpu:{width}} | "
+                  + " | ".join(f"{'never' if v is None else v:>8}" for v in values) + " |" for gpu, _, values in rows]
+    for kernel, rows in kernels:
+        lines.append(f"constexpr avo::RowTuning k{kernel.role.capitalize()}Tuning[] = {{")
+        lines += [f"    {{{arch}, {{{', '.join('avo::kStagedNever' if v is None else str(v) for v in values)}}}}},"
+                  for _, arch, values in rows]
+        lines.append("};")
+    return lines + [""]
+
+
+def emit_row_cuda(s: OpSchedule, tunings: list[ArchTuning] = ()) -> str:
     """The CUDA entry points: pick the element type and the math, then run the row
-    kernels of avo/row_cuda.cuh (which pick the kernel version for the row length)."""
+    kernels of avo/row_cuda.cuh, with this op's dispatch table (tuning/*.json)."""
     spec = s.spec
     lines = [header_comment(spec.path), f'#include "{spec.name}.h"', f'#include "{spec.name}_math.h"', "",
              "#include <avo/row_cuda.cuh>", "", f"namespace avo::ops::{spec.name} {{", ""]
-    lines += entry_points(s, "cuda", "cudaStream_t stream", "__half, __nv_bfloat16",
-                           lambda k, init: f"avo::launch_row_op<T, {k.args_type}>(args, {init}, stream);")
+    lines += _dispatch_table(s, list(tunings))
+    lines += entry_points(
+        s, "cuda", "cudaStream_t stream", "__half, __nv_bfloat16",
+        lambda k, init: f"avo::launch_row_op<T, {k.args_type}>(args, {init}, "
+                        f"avo::staged_min_vectors<T>(k{k.role.capitalize()}Tuning), stream);")
     lines += [f"}}  // namespace avo::ops::{spec.name}", ""]
     return "\n".join(lines)
 

@@ -449,6 +449,41 @@ def test_non_contiguous_gradient_argument(device):
 
 
 # ---------------------------------------------------------------------------------
+# Every CUDA kernel version (avo/row_cuda.cuh) on shapes it takes
+# ---------------------------------------------------------------------------------
+
+# Rows of 16-byte-aligned lengths from one vector to the register and shared-memory
+# limits; 100 rows make several chunks of parameter-gradient partials (32 rows each).
+VERSION_SHAPES = [(100, 8), (100, 1024), (100, 4096), (7, 16384), (3, 32768)]
+
+
+@pytest.fixture
+def row_version(request):
+    avo_ops._C.set_row_version(request.param)
+    yield request.param
+    avo_ops._C.set_row_version("auto")
+
+
+@needs_cuda
+@pytest.mark.parametrize("row_version", ["register", "staged", "global", "auto"], indirect=True)
+@pytest.mark.parametrize("shape", VERSION_SHAPES, ids=str)
+@pytest.mark.parametrize("name", ALL)
+def test_every_kernel_version_matches_float64(name, shape, row_version, dtype):
+    """Forced onto one version (where the call can take it: a row too long for registers
+    or shared memory takes the next one), forward and gradients match float64."""
+    op = OPS[name]
+    tensors = make_inputs(op, shape, dtype, "cuda")
+    rtol = 1e-4 if dtype == torch.float32 and shape[-1] >= 16384 else None
+    check_values(op, tensors, dtype, rtol=rtol)
+    check_gradients(op, tensors, dtype, op.op)
+
+
+def test_set_row_version_rejects_unknown_names():
+    with pytest.raises(ValueError, match="set_row_version: unknown version 'fast'"):
+        avo_ops._C.set_row_version("fast")
+
+
+# ---------------------------------------------------------------------------------
 # Determinism of the parameter gradients (the column pass: no float atomics)
 # ---------------------------------------------------------------------------------
 

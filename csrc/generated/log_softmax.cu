@@ -8,17 +8,36 @@
 
 namespace avo::ops::log_softmax {
 
+// Which version of avo/row_cuda.cuh a call runs (pick_row_version, on the host per
+// call): rows of 16-byte vectors take StagedRow from the length in vectors below on
+// (where it fits), RegisterRow below it (where it fits), GlobalRow otherwise; "never":
+// StagedRow only for rows registers cannot hold. Measured by benchmarks/tune_rows.py
+// (tuning/sm_<arch>.json).
+//   | kernel   | GPU                 |  float16 | bfloat16 |  float32 |
+//   | forward  | sm_90 (NVIDIA H200) |      512 |      512 |     2048 |
+//   | forward  | any other GPU       |    never |    never |    never |
+//   | backward | sm_90 (NVIDIA H200) |      256 |      512 |    never |
+//   | backward | any other GPU       |    never |    never |    never |
+constexpr avo::RowTuning kForwardTuning[] = {
+    {90, {512, 512, 2048}},
+    {0, {avo::kStagedNever, avo::kStagedNever, avo::kStagedNever}},
+};
+constexpr avo::RowTuning kBackwardTuning[] = {
+    {90, {256, 512, avo::kStagedNever}},
+    {0, {avo::kStagedNever, avo::kStagedNever, avo::kStagedNever}},
+};
+
 void forward_cuda(avo::DType dtype, const ForwardArgs& args, cudaStream_t stream) {
   avo::visit_dtype<__half, __nv_bfloat16>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    avo::launch_row_op<T, ForwardArgs>(args, ForwardMath{}, stream);
+    avo::launch_row_op<T, ForwardArgs>(args, ForwardMath{}, avo::staged_min_vectors<T>(kForwardTuning), stream);
   });
 }
 
 void backward_cuda(avo::DType dtype, const BackwardArgs& args, cudaStream_t stream) {
   avo::visit_dtype<__half, __nv_bfloat16>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    avo::launch_row_op<T, BackwardArgs>(args, BackwardMath{}, stream);
+    avo::launch_row_op<T, BackwardArgs>(args, BackwardMath{}, avo::staged_min_vectors<T>(kBackwardTuning), stream);
   });
 }
 

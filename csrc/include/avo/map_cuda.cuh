@@ -1,5 +1,7 @@
 // The kernels of every elementwise ("map") op on the GPU; the generated math (Math::apply,
 // Math::missing) is what differs between ops, and the generated launcher picks the kernel.
+// Inputs are loaded through the read-only data cache: the bindings always allocate fresh
+// outputs, so no thread writes memory that any thread of the kernel reads.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -34,7 +36,7 @@ __global__ void __launch_bounds__(kMapThreads) map_vectorized_kernel(const MapAr
       const int64_t v = base + u * kMapThreads < vectors ? base + u * kMapThreads : vectors - 1;
       AVO_UNROLL
       for (int k = 0; k < NumInputs; ++k)
-        if (input_present<Math>(args, k)) in[k][u] = load_vec<V>(static_cast<const T*>(args.inputs[k]) + v * V);
+        if (input_present<Math>(args, k)) in[k][u] = load_vec_readonly<V>(static_cast<const T*>(args.inputs[k]) + v * V);
     }
     Vec<T, V> out[NumOutputs][U];
     AVO_UNROLL
@@ -58,7 +60,7 @@ __global__ void __launch_bounds__(kMapThreads) map_vectorized_kernel(const MapAr
   const int64_t i = vectors * V + threadIdx.x;
   if (blockIdx.x == 0 && i < args.numel) {
     T element_out[NumOutputs];
-    map_element<P>(args, math, [&](int k) { return static_cast<const T*>(args.inputs[k])[i]; }, element_out);
+    map_element<P>(args, math, [&](int k) { return load_readonly(static_cast<const T*>(args.inputs[k]) + i); }, element_out);
     AVO_UNROLL
     for (int k = 0; k < NumOutputs; ++k) static_cast<T*>(args.outputs[k])[i] = element_out[k];
   }
@@ -75,7 +77,8 @@ __global__ void __launch_bounds__(kMapThreads) map_strided_kernel(const MapArgs<
     input_offsets(args, i, offsets);
     T element_out[NumOutputs];
     map_element<PrecisionFor<T>>(
-        args, math, [&](int k) { return static_cast<const T*>(args.inputs[k])[offsets[k]]; }, element_out);
+        args, math, [&](int k) { return load_readonly(static_cast<const T*>(args.inputs[k]) + offsets[k]); },
+        element_out);
     AVO_UNROLL
     for (int k = 0; k < NumOutputs; ++k) static_cast<T*>(args.outputs[k])[i] = element_out[k];
   }

@@ -1,13 +1,19 @@
-// The row kernels on the GPU. launch_row_op picks one of two versions per call, from the
-// row length and the alignment of the rows:
+// The row kernels on the GPU. launch_row_op picks one of three versions per call, from
+// the row length, the dtype and the alignment of the rows (the table is in
+// pick_row_version, below):
 //
-//  - RegisterRow: the row is read from global memory once and kept in registers. A group
-//    of G threads (a power of two, up to kMaxGroupThreads<Math>) takes a row; each thread holds
-//    up to P vectors of V elements of every per-element input, vector i of thread `lane`
-//    being the row's vector i * G + lane (coalesced). P is kRowVectors<Math>. V is 16 bytes' worth
-//    of elements when every row starts 16-byte aligned and the length is a multiple of
-//    it, else 1. Short rows share a block (several groups of G < kRowBlockThreads).
-//  - GlobalRow, for longer rows: a block per row, each pass reading the row from global
+//  - RegisterRow, for short rows: the row is read from global memory once and kept in
+//    registers. A group of G threads (a power of two, up to kMaxGroupThreads<Math>) takes
+//    a row; each thread holds up to P vectors of V elements of every per-element input,
+//    vector i of thread `lane` being the row's vector i * G + lane (coalesced). P is
+//    kRowVectors<Math>. V is 16 bytes' worth of elements when every row starts 16-byte
+//    aligned and the length is a multiple of it, else 1. Short rows share a block
+//    (several groups of G < kRowBlockThreads).
+//  - StagedRow, for longer aligned rows that fit in shared memory: a block takes a row;
+//    its per-element inputs are copied into shared memory with cp.async, kStages rows
+//    at a time, so that the next rows arrive while the block computes the current one.
+//    Every pass over the row then reads shared memory.
+//  - GlobalRow, for the rest: a block per row, each pass reading the row from global
 //    memory again (from L2 after the first pass).
 //
 // Reductions accumulate in fp32: warp shuffles, then shared memory across the warps of a
@@ -19,14 +25,19 @@
 
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "cuda_launch.cuh"
 #include "math.h"
 #include "row_args.h"
+#include "row_version.h"
 
 namespace avo {
 
 constexpr int kRowBlockThreads = 256;  // block of RegisterRow kernels with smaller groups
 constexpr int kGlobalRowThreads = 512; // block (and group) of GlobalRow kernels
+constexpr int kStages = 3;             // rows a StagedRow block holds: one computed, two arriving
+constexpr int kStagedVectors = 4;      // vectors per thread of a StagedRow (its block: vectors / 4)
 
 // Combines `value` over each group of `group_threads` consecutive threads (a power of
 // two); every thread of the group gets the result. Every thread of the block must call
@@ -68,6 +79,17 @@ struct Reductions {
   __device__ __forceinline__ float min(F term) const { return self().reduce(term, Min{}, INFINITY); }
   __device__ __forceinline__ const Row& self() const { return static_cast<const Row&>(*this); }
 };
+
+// Stores vector v of row r of every per-element output that the call asked for.
+template <typename Math, typename T, typename Args, int V>
+__device__ __forceinline__ void store_output_vectors(const Args& args, int64_t r, int64_t v,
+                                                     const Vec<T, V> (&out)[Args::kOutputs]) {
+  AVO_UNROLL
+  for (int k = 0; k < Args::kOutputs; ++k) {
+    if (!((Math::kElementOutputs >> k) & 1u) || args.outputs[k] == nullptr) continue;
+    store_vec<V>(static_cast<T*>(args.outputs[k]) + r * args.length + v * V, out[k]);
+  }
+}
 
 // Vectors per thread of a RegisterRow, and its largest group (its block): smaller when
 // the thread also keeps per-column sums or caches several inputs, so nothing spills.
@@ -145,11 +167,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V>>
       Vector staged[Args::kOutputs];
       AVO_UNROLL
       for (int j = 0; j < V; ++j) body(At{*this, i, j, v * V + j, staged});
-      AVO_UNROLL
-      for (int k = 0; k < Args::kOutputs; ++k) {
-        if (!((Math::kElementOutputs >> k) & 1u) || args.outputs[k] == nullptr) continue;
-        store_vec<V>(static_cast<T*>(args.outputs[k]) + r * args.length + v * V, staged[k]);
-      }
+      store_output_vectors<Math>(args, r, v, staged);
     }
   }
 
@@ -176,6 +194,102 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V>>
   // A per-row value kept in fp32 (output k is a float buffer of one value per row).
   __device__ __forceinline__ void store_row_f32(int k, float value) const {
     if (active && lane == 0 && args.outputs[k] != nullptr) static_cast<float*>(args.outputs[k])[r] = value;
+  }
+};
+
+// Per-element inputs of Math: how many.
+template <typename Math>
+constexpr int kElementInputCount = __builtin_popcount(Math::kElementInputs);
+
+// A row whose per-element inputs the block has copied into shared memory (see the top of
+// this file). Thread t handles the row's vectors t, t + B, ... (B threads, at most P
+// vectors each: P fixes the size of its per-column sums).
+template <typename T, typename Args, typename Math, int V>
+struct StagedRow : RowView<T, Args>, Reductions<StagedRow<T, Args, Math, V>> {
+  static constexpr int P = kStagedVectors;
+  using RowView<T, Args>::args;
+  using RowView<T, Args>::r;
+  using Vector = Vec<T, V>;
+  static constexpr int kSums = Math::kColumnSums > 0 ? Math::kColumnSums : 1;
+  using ColumnSums = float[kSums][P][V];
+
+  const T* staged[Args::kInputs];  // input k's row in shared memory (per-element inputs only)
+  int64_t vectors;
+  ColumnSums* columns;  // nullptr when the call wants no per-column outputs
+
+  __device__ __forceinline__ StagedRow(const Args& a, int64_t row, const T* const (&rows)[Args::kInputs],
+                                       ColumnSums* column_sums)
+      : RowView<T, Args>(a, row), vectors(a.length / V), columns(column_sums) {
+    AVO_UNROLL
+    for (int k = 0; k < Args::kInputs; ++k) staged[k] = rows[k];
+  }
+
+  struct At {
+    const StagedRow& row;
+    const Vector* in;  // this vector of every per-element input
+    int j;
+    int64_t n;
+    Vector* staged_out;  // for_each: the outputs of this vector, stored after the body ran
+    __device__ __forceinline__ float load(int k) const { return Element<T>::to_float(in[k].v[j]); }
+    __device__ __forceinline__ float load_col(int k, float missing) const { return row.load_col(k, n, missing); }
+    __device__ __forceinline__ void store(int k, float value) const { staged_out[k].v[j] = Element<T>::from_float(value); }
+  };
+
+  // Calls visit(i, v, in) for each of this thread's vectors, `in` holding vector v of
+  // every per-element input.
+  template <typename Visit>
+  __device__ __forceinline__ void each_vector(Visit visit) const {
+    AVO_UNROLL
+    for (int i = 0; i < P; ++i) {
+      const int64_t v = int64_t(i) * blockDim.x + threadIdx.x;
+      if (v >= vectors) continue;
+      Vector in[Args::kInputs];
+      AVO_UNROLL
+      for (int k = 0; k < Args::kInputs; ++k)
+        if ((Math::kElementInputs >> k) & 1u) in[k] = *reinterpret_cast<const Vector*>(staged[k] + v * V);
+      visit(i, v, in);
+    }
+  }
+
+  template <typename Combine, typename F>
+  __device__ __forceinline__ float reduce(F term, Combine combine, float identity) const {
+    float partial = identity;
+    each_vector([&](int, int64_t v, const Vector* in) {
+      AVO_UNROLL
+      for (int j = 0; j < V; ++j) partial = combine(partial, term(At{*this, in, j, v * V + j, nullptr}));
+    });
+    return group_reduce(partial, combine, blockDim.x);
+  }
+
+  template <typename F>
+  __device__ __forceinline__ void for_each(F body) const {
+    each_vector([&](int, int64_t v, const Vector* in) {
+      Vector out[Args::kOutputs];
+      AVO_UNROLL
+      for (int j = 0; j < V; ++j) body(At{*this, in, j, v * V + j, out});
+      store_output_vectors<Math>(args, r, v, out);
+    });
+  }
+
+  template <int K, typename F>
+  __device__ __forceinline__ void column_sums(F terms_at) const {
+    if (columns == nullptr) return;
+    each_vector([&](int i, int64_t v, const Vector* in) {
+      AVO_UNROLL
+      for (int j = 0; j < V; ++j) {
+        float terms[K];
+        terms_at(At{*this, in, j, v * V + j, nullptr}, terms);
+        AVO_UNROLL
+        for (int k = 0; k < K; ++k) (*columns)[k][i][j] += terms[k];
+      }
+    });
+  }
+
+  __device__ __forceinline__ void store_row(int k, float value) const {
+    if (threadIdx.x == 0) static_cast<T*>(args.outputs[k])[r] = Element<T>::from_float(value);
+  }
+  __device__ __forceinline__ void store_row_f32(int k, float value) const {
+    if (threadIdx.x == 0 && args.outputs[k] != nullptr) static_cast<float*>(args.outputs[k])[r] = value;
   }
 };
 
@@ -233,6 +347,24 @@ __host__ __device__ bool wants_column_sums(const Args& args) {
   return Math::kColumnSums > 0 && args.partials != nullptr;
 }
 
+// Writes a thread's per-column sums (its vectors i * threads + lane) as chunk `chunk`'s partials.
+template <typename Math, typename Args, int P, int V>
+__device__ __forceinline__ void write_partials(const Args& args, const float (&sums)[Math::kColumnSums > 0 ? Math::kColumnSums : 1][P][V],
+                                               int64_t chunk, int threads, int lane) {
+  const int64_t vectors = args.length / V;
+  AVO_UNROLL
+  for (int k = 0; k < Math::kColumnSums; ++k) {
+    float* partial = args.partials + (k * args.chunks + chunk) * args.length;
+    AVO_UNROLL
+    for (int i = 0; i < P; ++i) {
+      const int64_t v = int64_t(i) * threads + lane;
+      if (v >= vectors) continue;
+      AVO_UNROLL
+      for (int j = 0; j < V; ++j) partial[v * V + j] = sums[k][i][j];
+    }
+  }
+}
+
 // Groups of `group_threads` take rows; with per-column sums, group c of the grid takes
 // chunk c and keeps its columns' sums in registers until the chunk is done.
 template <typename T, typename Args, typename Math, int V>
@@ -254,19 +386,77 @@ __global__ void __launch_bounds__(kMaxGroupThreads<Math>) register_row_kernel(co
     const int64_t r = chunk * args.rows_per_chunk + i;
     math.template apply<PrecisionFor<T>>(Row(args, r, chunk < args.chunks && r < args.rows, lane, group_threads, &sums));
   }
-  if (chunk >= args.chunks) return;
+  if (chunk < args.chunks) write_partials<Math, Args, Row::P, V>(args, sums, chunk, group_threads, lane);
+}
+
+// Bytes of shared memory a StagedRow block needs: kStages rows of every per-element input.
+template <typename T, typename Math>
+size_t staged_row_bytes(int64_t length) {
+  return size_t(kStages) * kElementInputCount<Math> * size_t(length) * sizeof(T);
+}
+
+// A block per row, kStages rows in shared memory: while the block computes row t, the
+// copies of rows t + 1 and t + 2 are in flight. With per-column sums block c takes
+// chunk c (its rows in order); otherwise every gridDim.x-th row.
+template <typename T, typename Args, typename Math, int V>
+__global__ void __launch_bounds__(kMaxGroupThreads<Math>) staged_row_kernel(const Args args, const Math math) {
+  using Row = StagedRow<T, Args, Math, V>;
+  extern __shared__ __align__(16) unsigned char stage_memory[];
+  const bool chunked = wants_column_sums<Math>(args);
+  const int64_t first = chunked ? int64_t(blockIdx.x) * args.rows_per_chunk : int64_t(blockIdx.x);
+  const int64_t step = chunked ? 1 : int64_t(gridDim.x);
+  const int64_t end = chunked && (first + args.rows_per_chunk < args.rows) ? first + args.rows_per_chunk : args.rows;
+  const int64_t count = first < end ? (end - first + step - 1) / step : 0;
   const int64_t vectors = args.length / V;
-  AVO_UNROLL
-  for (int k = 0; k < Math::kColumnSums; ++k) {
-    float* partial = args.partials + (k * args.chunks + chunk) * args.length;
+  // The rows of stage s: one after the other, a row per per-element input.
+  const auto stage_rows = [&](int64_t t, const T* (&rows)[Args::kInputs]) {
+    T* next = reinterpret_cast<T*>(stage_memory) + (t % kStages) * kElementInputCount<Math> * args.length;
     AVO_UNROLL
-    for (int i = 0; i < Row::P; ++i) {
-      const int64_t v = int64_t(i) * group_threads + lane;
-      if (v >= vectors) continue;
-      AVO_UNROLL
-      for (int j = 0; j < V; ++j) partial[v * V + j] = sums[k][i][j];
+    for (int k = 0; k < Args::kInputs; ++k) {
+      rows[k] = nullptr;
+      if (!((Math::kElementInputs >> k) & 1u)) continue;
+      rows[k] = next;
+      next += args.length;
     }
+  };
+  // Starts the copies of row t (if any) and closes a group: an empty group past the last
+  // row keeps the count of groups in flight the same on every iteration.
+  const auto fetch = [&](int64_t t) {
+    if (t < count) {
+      const T* rows[Args::kInputs];
+      stage_rows(t, rows);
+      const int64_t r = first + t * step;
+      AVO_UNROLL
+      for (int k = 0; k < Args::kInputs; ++k) {
+        if (rows[k] == nullptr) continue;
+        const T* source = static_cast<const T*>(args.inputs[k]) + r * args.length;
+        T* target = const_cast<T*>(rows[k]);
+        for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) cp_async_16(target + v * V, source + v * V);
+      }
+    }
+    cp_async_commit();
+  };
+  // `columns` is a compile-time nullptr or the address of `sums` below (each call is
+  // inlined), so the sums stay in registers.
+  const auto run = [&](typename Row::ColumnSums* columns) {
+    AVO_UNROLL
+    for (int t = 0; t < kStages - 1; ++t) fetch(t);
+    for (int64_t t = 0; t < count; ++t) {
+      cp_async_wait<kStages - 2>();  // this thread's copies of row t are done ...
+      __syncthreads();               // ... and everyone's; and everyone is done with row t - 1
+      fetch(t + kStages - 1);        // into the stage row t - 1 used
+      const T* rows[Args::kInputs];
+      stage_rows(t, rows);
+      math.template apply<PrecisionFor<T>>(Row(args, first + t * step, rows, columns));
+    }
+  };
+  if (!chunked) {
+    run(nullptr);
+    return;
   }
+  typename Row::ColumnSums sums = {};
+  run(&sums);
+  write_partials<Math, Args, Row::P, V>(args, sums, blockIdx.x, blockDim.x, threadIdx.x);
 }
 
 // A block per row; with per-column sums, block c takes chunk c.
@@ -310,29 +500,89 @@ bool element_tensors_aligned(const Args& args, uintptr_t bytes) {
   return true;
 }
 
-// Picks the kernel version for the row length (see the top of this file) and launches
-// it, then the column finish when the call wants per-column outputs.
+// Shared memory a block may use on the current device (beyond the 48 KiB default, on
+// request), less room for the kernels' static shared memory.
+inline size_t max_dynamic_shared_bytes() {
+  int device = 0, bytes = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  return bytes > 1024 ? size_t(bytes) - 1024 : 0;
+}
+
+// A power of two of threads for `vectors` vectors, `per_thread` each.
+inline int threads_for(int64_t vectors, int per_thread) {
+  int threads = 1;
+  while (int64_t(threads) * per_thread < vectors) threads *= 2;
+  return threads;
+}
+
+// The version a call takes (see the top of this file): StagedRow for rows of at least
+// `staged_min_vectors` vectors (the generated, measured table), or that registers cannot
+// hold; else RegisterRow; GlobalRow for what neither takes.
+inline RowVersion pick_row_version(int64_t vectors, bool fits_registers, bool fits_staged, int64_t staged_min_vectors) {
+  const RowVersion forced = forced_row_version();
+  if (forced == RowVersion::kRegister && fits_registers) return RowVersion::kRegister;
+  if (forced == RowVersion::kStaged && fits_staged) return RowVersion::kStaged;
+  if (forced == RowVersion::kGlobal) return RowVersion::kGlobal;
+  if (fits_staged && (vectors >= staged_min_vectors || !fits_registers)) return RowVersion::kStaged;
+  return fits_registers ? RowVersion::kRegister : RowVersion::kGlobal;
+}
+
+// The threshold of `table` for the current GPU and element type T.
+template <typename T, size_t N>
+int64_t staged_min_vectors(const RowTuning (&table)[N]) {
+  int device = 0, major = 0, minor = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  constexpr int index = std::is_same<T, __half>::value ? 0 : std::is_same<T, __nv_bfloat16>::value ? 1 : 2;
+  for (const RowTuning& row : table)
+    if (row.arch == major * 10 + minor || row.arch == 0) return row.staged_min_vectors[index];
+  return kStagedNever;
+}
+
+// Picks the kernel version for the call (pick_row_version) and launches it, then the
+// column finish when the call wants per-column outputs.
 template <typename T, typename Args, typename Math>
-void launch_row_op(const Args& args, const Math& math, cudaStream_t stream) {
+void launch_row_op(const Args& args, const Math& math, int64_t staged_min_vectors, cudaStream_t stream) {
   if (args.rows == 0) return;
   constexpr int V = 16 / sizeof(T);
   const bool chunked = wants_column_sums<Math>(args);
   const bool vectorized = args.length % V == 0 && element_tensors_aligned<Math>(args, 16);
   const int64_t vectors = vectorized ? args.length / V : args.length;
-  if (vectors <= int64_t(kRowVectors<Math>) * kMaxGroupThreads<Math>) {
-    int group = 1;
-    while (int64_t(group) * kRowVectors<Math> < vectors) group *= 2;
-    const int block = group < kRowBlockThreads ? kRowBlockThreads : group;
-    const int groups = block / group;
-    const auto kernel = vectorized ? register_row_kernel<T, Args, Math, V> : register_row_kernel<T, Args, Math, 1>;
-    const unsigned blocks = chunked ? unsigned((args.chunks + groups - 1) / groups)
-                                    : resident_grid_size(kernel, (args.rows + groups - 1) / groups * block, block);
-    kernel<<<blocks, block, 0, stream>>>(args, math, group);
-  } else {
-    const auto kernel = global_row_kernel<T, Args, Math>;
-    const unsigned blocks = chunked ? unsigned(args.chunks)
-                                    : resident_grid_size(kernel, args.rows * kGlobalRowThreads, kGlobalRowThreads);
-    kernel<<<blocks, kGlobalRowThreads, 0, stream>>>(args, math);
+  const bool fits_registers = vectors <= int64_t(kRowVectors<Math>) * kMaxGroupThreads<Math>;
+  const size_t staged_bytes = staged_row_bytes<T, Math>(args.length);
+  const bool fits_staged = vectorized && vectors <= int64_t(kStagedVectors) * kMaxGroupThreads<Math> &&
+                           staged_bytes <= max_dynamic_shared_bytes();
+  switch (pick_row_version(vectors, fits_registers, fits_staged, staged_min_vectors)) {
+    case RowVersion::kRegister: {
+      const int group = threads_for(vectors, kRowVectors<Math>);
+      const int block = group < kRowBlockThreads ? kRowBlockThreads : group;
+      const int groups = block / group;
+      const auto kernel = vectorized ? register_row_kernel<T, Args, Math, V> : register_row_kernel<T, Args, Math, 1>;
+      const unsigned blocks = chunked ? unsigned((args.chunks + groups - 1) / groups)
+                                      : resident_grid_size(kernel, (args.rows + groups - 1) / groups * block, block);
+      kernel<<<blocks, block, 0, stream>>>(args, math, group);
+      break;
+    }
+    case RowVersion::kStaged: {
+      const int threads = threads_for(vectors, kStagedVectors) < 32 ? 32 : threads_for(vectors, kStagedVectors);
+      const auto kernel = staged_row_kernel<T, Args, Math, V>;
+      // Beyond 48 KiB of shared memory a kernel must ask (the limit counts its static
+      // shared memory too, so ask for every launch near it).
+      if (staged_bytes > 40 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(staged_bytes));
+      const unsigned blocks = chunked ? unsigned(args.chunks)
+                                      : resident_grid_size(kernel, args.rows * threads, threads, staged_bytes);
+      kernel<<<blocks, threads, staged_bytes, stream>>>(args, math);
+      break;
+    }
+    default: {  // RowVersion::kGlobal
+      const auto kernel = global_row_kernel<T, Args, Math>;
+      const unsigned blocks = chunked ? unsigned(args.chunks)
+                                      : resident_grid_size(kernel, args.rows * kGlobalRowThreads, kGlobalRowThreads);
+      kernel<<<blocks, kGlobalRowThreads, 0, stream>>>(args, math);
+      break;
+    }
   }
   if (chunked && args.length > 0) {
     const unsigned finish_blocks = unsigned((args.length + kRowBlockThreads - 1) / kRowBlockThreads);

@@ -1,0 +1,341 @@
+#!/usr/bin/env python3
+"""Host overhead of avo calls on a small tensor, against the corresponding torch calls.
+
+For each op, on a 1x1024 input (channel_norm: [1, 4, 256]) with its weight/bias/residual,
+this times the host side of one call in three modes:
+
+    fwd      torch.ops.avo.<op>(...)                  vs the torch call (F.layer_norm, ...)
+    fwd_api  avo_ops.<op>(...), the functional API   vs the same torch call
+    fwd_bwd  avo_ops.<op>(...) on inputs that require grad, then .backward() of its outputs,
+             vs the same with the torch call (torch's autograd backward)
+
+The torch calls: F.gelu, F.silu, F.layer_norm, F.rms_norm, torch.softmax,
+torch.log_softmax, F.layer_norm(F.silu(x)), x + residual followed by F.rms_norm or
+F.layer_norm, and F.group_norm with one group per channel.
+
+Host time per call = the wall time of the call itself (time.perf_counter_ns around it),
+median over --iters calls. On CUDA the kernels run asynchronously, so that is the time
+the host spends in Python, the dispatcher and the launches; the queue never fills up
+because the device is synchronized every --sync-every calls, outside the timed calls.
+Gradients are cleared outside the timed calls too, so every backward assigns fresh .grad
+tensors. avo and torch are measured in alternating blocks (so slow drifts of the machine
+affect both alike) with the garbage collector off. On CPU the kernels run inside the call
+(on one intra-op thread), so there the time includes the computation.
+
+Usage:
+    python benchmarks/bench_host_overhead.py [--device cuda|cpu] [--dtype fp32|bf16|fp16]
+        [--ops gelu,layernorm] [--iters 2000] [--warmup 200] [--sync-every 100] [--out DIR]
+
+--out DIR writes DIR/host_overhead.json and DIR/host_overhead.md. The table (avo us,
+torch us, avo/torch) is printed on stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_report  # noqa: E402  (its table layout)
+
+LN_EPS = 1e-5
+RMS_EPS = 1e-6
+N = 1024
+MODES = ("fwd", "fwd_api", "fwd_bwd")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+ROUNDS = 10  # avo and torch alternate in this many blocks per mode
+
+
+@dataclass(frozen=True)
+class OpCalls:
+    """One op: its small inputs (shape, number of parameter vectors and their length) and
+    the three calls, each taking the same tensors."""
+
+    op: str
+    shape: tuple[int, ...]
+    extra_full: int    # more tensors shaped like x (the residual)
+    params: int        # parameter vectors (weight, bias, gamma, beta)
+    param_len: int
+    avo_op: Callable   # via torch.ops.avo
+    avo_api: Callable  # via avo_ops.<op>
+    torch_call: Callable
+
+
+def op_table() -> list[OpCalls]:
+    import avo_ops
+    avo = torch.ops.avo
+
+    def add_rms(x, r, w):
+        h = x + r
+        return h, F.rms_norm(h, (N,), w, RMS_EPS)
+
+    def add_ln(x, r, w, b):
+        h = x + r
+        return h, F.layer_norm(h, (N,), w, b, LN_EPS)
+
+    row = (1, N)
+    return [
+        OpCalls("gelu", row, 0, 0, N, avo.gelu, avo_ops.gelu, F.gelu),
+        OpCalls("silu", row, 0, 0, N, avo.silu, avo_ops.silu, F.silu),
+        OpCalls("layernorm", row, 0, 2, N,
+                lambda x, w, b: avo.layernorm(x, w, b, LN_EPS),
+                lambda x, w, b: avo_ops.layernorm(x, w, b, LN_EPS),
+                lambda x, w, b: F.layer_norm(x, (N,), w, b, LN_EPS)),
+        OpCalls("rmsnorm", row, 0, 1, N,
+                lambda x, w: avo.rmsnorm(x, w, RMS_EPS),
+                lambda x, w: avo_ops.rmsnorm(x, w, RMS_EPS),
+                lambda x, w: F.rms_norm(x, (N,), w, RMS_EPS)),
+        OpCalls("softmax", row, 0, 0, N, avo.softmax, avo_ops.softmax,
+                lambda x: torch.softmax(x, -1)),
+        OpCalls("log_softmax", row, 0, 0, N, avo.log_softmax, avo_ops.log_softmax,
+                lambda x: torch.log_softmax(x, -1)),
+        OpCalls("swish_layernorm", row, 0, 2, N,
+                lambda x, w, b: avo.swish_layernorm(x, w, b, LN_EPS),
+                lambda x, w, b: avo_ops.swish_layernorm(x, w, b, LN_EPS),
+                lambda x, w, b: F.layer_norm(F.silu(x), (N,), w, b, LN_EPS)),
+        OpCalls("add_rmsnorm", row, 1, 1, N,
+                lambda x, r, w: avo.add_rmsnorm(x, r, w, RMS_EPS),
+                lambda x, r, w: avo_ops.add_rmsnorm(x, r, w, RMS_EPS),
+                add_rms),
+        OpCalls("add_layernorm", row, 1, 2, N,
+                lambda x, r, w, b: avo.add_layernorm(x, r, w, b, LN_EPS),
+                lambda x, r, w, b: avo_ops.add_layernorm(x, r, w, b, LN_EPS),
+                add_ln),
+        OpCalls("channel_norm", (1, 4, N // 4), 0, 2, 4,
+                lambda x, g, b: avo.channel_norm(x, g, b, LN_EPS),
+                lambda x, g, b: avo_ops.channel_norm(x, g, b, LN_EPS),
+                lambda x, g, b: F.group_norm(x, x.shape[1], g, b, LN_EPS)),
+    ]
+
+
+# --------------------------------------------------------------------------- timing
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def as_tuple(out) -> tuple:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+class Step:
+    """A callable timed as one call, and the untimed work to do before the next one."""
+
+    def __init__(self, call: Callable, reset: Optional[Callable] = None):
+        self.call, self.reset = call, reset
+
+
+def forward_step(fn: Callable, tensors: Sequence[torch.Tensor]) -> Step:
+    return Step(lambda: fn(*tensors))
+
+
+def backward_step(fn: Callable, leaves: Sequence[torch.Tensor]) -> Step:
+    """fn(*leaves) then backward through all its outputs, with ones as their gradients."""
+    outs = as_tuple(fn(*leaves))
+    grads = [torch.ones_like(o) for o in outs]
+
+    def call():
+        torch.autograd.backward(as_tuple(fn(*leaves)), grads)
+
+    def reset():
+        for t in leaves:
+            t.grad = None
+
+    return Step(call, reset)
+
+
+def time_steps(steps: dict[str, Step], iters: int, warmup: int, sync_every: int,
+               device: torch.device) -> dict[str, list[float]]:
+    """Per-call host microseconds of each step, measured in ROUNDS alternating blocks."""
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for step in steps.values():
+        for _ in range(warmup):
+            step.call()
+            if step.reset:
+                step.reset()
+    synchronize(device)
+    per_block = max(1, -(-iters // ROUNDS))
+    clock = time.perf_counter_ns
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(ROUNDS):
+            for name, step in steps.items():
+                out = times[name]
+                for i in range(min(per_block, iters - len(out))):
+                    if i % sync_every == 0:
+                        synchronize(device)  # the queue never fills: no call waits for it
+                    t0 = clock()
+                    step.call()
+                    t1 = clock()
+                    out.append((t1 - t0) / 1e3)
+                    if step.reset:
+                        step.reset()
+                synchronize(device)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return times
+
+
+# --------------------------------------------------------------------------- one op
+
+def make_tensors(calls: OpCalls, dtype: torch.dtype, device: torch.device,
+                 requires_grad: bool) -> list[torch.Tensor]:
+    ts = [torch.randn(calls.shape, dtype=dtype, device=device)
+          for _ in range(1 + calls.extra_full)]
+    ts += [torch.randn(calls.param_len, dtype=dtype, device=device) for _ in range(calls.params)]
+    return [t.requires_grad_(requires_grad) for t in ts]
+
+
+def measure_op(calls: OpCalls, dtype, device, iters: int, warmup: int,
+               sync_every: int) -> list[dict]:
+    torch.manual_seed(0)
+    plain = make_tensors(calls, dtype, device, requires_grad=False)
+    leaves = make_tensors(calls, dtype, device, requires_grad=True)
+    pairs = {
+        "fwd": (forward_step(calls.avo_op, plain), forward_step(calls.torch_call, plain)),
+        "fwd_api": (forward_step(calls.avo_api, plain), forward_step(calls.torch_call, plain)),
+        "fwd_bwd": (backward_step(calls.avo_api, leaves),
+                    backward_step(calls.torch_call, leaves)),
+    }
+    rows = []
+    for mode, (avo_step, torch_step) in pairs.items():
+        times = time_steps({"avo": avo_step, "torch": torch_step}, iters, warmup, sync_every,
+                           device)
+        avo_us, torch_us = statistics.median(times["avo"]), statistics.median(times["torch"])
+        rows.append({
+            "op": calls.op, "mode": mode, "shape": list(calls.shape),
+            "avo_us": round(avo_us, 2), "torch_us": round(torch_us, 2),
+            "avo_min_us": round(min(times["avo"]), 2),
+            "torch_min_us": round(min(times["torch"]), 2),
+            "ratio": round(avo_us / torch_us, 3),
+        })
+    return rows
+
+
+# --------------------------------------------------------------------------- reports
+
+HEADER = ["op", "mode", "shape", "avo us", "torch us", "avo/torch"]
+
+
+def table_rows(rows: Sequence[dict]) -> list[list[str]]:
+    return [[r["op"], r["mode"], "x".join(map(str, r["shape"])), f"{r['avo_us']:.1f}",
+             f"{r['torch_us']:.1f}", f"{r['ratio']:.2f}"] for r in rows]
+
+
+def text_table(rows: Sequence[dict]) -> str:
+    return bench_report.aligned_columns([HEADER] + table_rows(rows), numbers_from=3)
+
+
+def markdown_report(meta: dict, rows: Sequence[dict]) -> str:
+    over = [f"{r['op']} {r['mode']}" for r in rows if r["ratio"] > 1.0]
+    lines = [
+        f"# avo_ops host overhead — {meta['device_name']}",
+        "",
+        f"{meta['date']}; torch {meta['torch']}, Python {meta['python']}; device "
+        f"{meta['device']}, dtype {meta['dtype']}; median of {meta['iters']} calls per cell.",
+        "Host time of one call (wall time of the call itself; on CUDA the kernels run "
+        "asynchronously). fwd: torch.ops.avo.<op> vs the torch call; fwd_api: avo_ops.<op> "
+        "vs the torch call; fwd_bwd: avo_ops.<op> with inputs requiring grad plus "
+        ".backward(), vs the torch call plus .backward().",
+        "",
+        f"Command: `{meta['command']}`",
+        "",
+        "| " + " | ".join(HEADER) + " |",
+        "|" + "---|" * len(HEADER),
+    ]
+    lines += ["| " + " | ".join(r) + " |" for r in table_rows(rows)]
+    lines += ["", ("avo costs more host time than torch for: " + ", ".join(over) + ".")
+              if over else "avo costs no more host time than torch in every row."]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- CLI
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Host time of one avo call on a 1x1024 tensor "
+                                            "vs the corresponding torch call.")
+    p.add_argument("--device", default="cuda", help="cuda (default) or cpu")
+    p.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
+    p.add_argument("--ops", help="comma-separated op names (default: all)")
+    p.add_argument("--iters", type=int, default=2000,
+                   help="timed calls per implementation and mode (default 2000)")
+    p.add_argument("--warmup", type=int, default=200, help="untimed calls first (default 200)")
+    p.add_argument("--sync-every", type=int, default=100,
+                   help="synchronize the device every this many calls (default 100)")
+    p.add_argument("--out", metavar="DIR",
+                   help="write DIR/host_overhead.json and DIR/host_overhead.md")
+    args = p.parse_args(argv)
+    if args.iters < 1 or args.warmup < 0 or args.sync_every < 1:
+        p.error("--iters and --sync-every must be >= 1, --warmup >= 0")
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device; pass --device cpu to measure on the CPU")
+        return 1
+    table = op_table()
+    known = [c.op for c in table]
+    ops = known if args.ops is None else [o.strip() for o in args.ops.split(",") if o.strip()]
+    unknown = set(ops) - set(known)
+    if unknown:
+        print(f"unknown op(s) {sorted(unknown)}; known: {known}", file=sys.stderr)
+        return 2
+    dtype = DTYPES[args.dtype]
+    rows = []
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        # One intra-op thread: this measures call overhead, and thread wake-ups on a busy
+        # machine would only add noise.
+        torch.set_num_threads(1)
+    try:
+        for calls in table:
+            if calls.op in ops:
+                rows += measure_op(calls, dtype, device, args.iters, args.warmup,
+                                   args.sync_every)
+                print(f"{calls.op}: done", file=sys.stderr, flush=True)
+    finally:
+        torch.set_num_threads(threads)
+    meta = {
+        "device": str(device),
+        "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
+                        else platform.processor() or platform.machine()),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "dtype": args.dtype,
+        "iters": args.iters,
+        "warmup": args.warmup,
+        "sync_every": args.sync_every,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": shlex.join([sys.executable, *sys.argv]),
+    }
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "host_overhead.json"), "w") as f:
+            json.dump({**meta, "rows": rows}, f, indent=1)
+        with open(os.path.join(args.out, "host_overhead.md"), "w") as f:
+            f.write(markdown_report(meta, rows))
+        print(f"wrote {args.out}/host_overhead.json and host_overhead.md", file=sys.stderr)
+    print(text_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,310 @@
+#!/usr/bin/env python3
+"""Tables and plots of bench_ops.py results; works from the saved JSON alone (no GPU, no
+torch).
+
+    python benchmarks/bench_report.py RESULTS.json [--out DIR] [--no-plots]
+
+writes DIR/results.md and DIR/plots/<op>_<dir>.png (DIR defaults to the JSON's folder) and
+prints the text table. The plots need matplotlib (requirements-bench.txt): GB/s against the
+row length N on a log2 axis, one line per implementation, a dashed line at the device copy
+bandwidth, one PNG per op and direction with one panel per dtype. Where several shapes of a
+run share a row length, the plot keeps the one with the most elements.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import Optional, Sequence
+
+IMPLS = ("avo", "eager", "compile", "liger")
+DTYPE_ORDER = ("bf16", "fp16", "fp32")
+COLORS = {"avo": "tab:red", "eager": "tab:blue", "compile": "tab:green", "liger": "tab:orange"}
+
+
+# --------------------------------------------------------------------------- row helpers
+
+def row_length(row: dict) -> int:
+    return row.get("row_length") or row["shape"][-1]
+
+
+def gbps(row: dict, impl: str) -> Optional[float]:
+    return row["results"].get(impl, {}).get("gbps")
+
+
+def speedup(results: dict) -> Optional[float]:
+    """avo GB/s over the best other implementation's, or None."""
+    avo = results.get("avo", {}).get("gbps")
+    others = [r["gbps"] for k, r in results.items() if k != "avo" and r.get("gbps")]
+    if avo is None or not others:
+        return None
+    return round(avo / max(others), 3)
+
+
+def first_call_seconds(rows: Sequence[dict]) -> float:
+    """Seconds spent in first calls (torch.compile, Triton JIT) over the run."""
+    return sum(r.get("first_call_s", 0.0) for row in rows for r in row["results"].values())
+
+
+def impls_of(results: dict) -> list[str]:
+    """The implementations of a run, in IMPLS order: as recorded, else those with results."""
+    seen = set(results.get("impls") or [])
+    for row in results["rows"]:
+        seen.update(row["results"])
+    return [i for i in IMPLS if i in seen]
+
+
+def fmt_shape(shape: Sequence[int]) -> str:
+    return "x".join(str(s) for s in shape)
+
+
+def cell(value, spec: str, suffix: str = "") -> str:
+    return "–" if value is None else format(value, spec) + suffix
+
+
+def ordered_groups(rows: Sequence[dict]) -> list[tuple[str, str]]:
+    return list(dict.fromkeys((r["op"], r["dir"]) for r in rows))
+
+
+def ordered_dtypes(rows: Sequence[dict]) -> list[str]:
+    present = {r["dtype"] for r in rows}
+    return [d for d in DTYPE_ORDER if d in present] + sorted(present - set(DTYPE_ORDER))
+
+
+# --------------------------------------------------------------------------- tables
+
+def copy_line(results: dict) -> str:
+    parts = [f"{c['gbps']:.0f} GB/s ({c['size_mib']} MiB)" for c in results.get("copy", [])]
+    return f"device copy: {', '.join(parts) or 'not measured'}"
+
+
+def impl_cells(row: dict, impls: Sequence[str]) -> list[str]:
+    cells = []
+    for impl in impls:
+        cells.append(cell(gbps(row, impl), ".0f"))
+        if impl == "avo":
+            cells.append(cell(row["results"].get("avo", {}).get("frac_copy"), ".2f"))
+    cells.append(cell(row.get("speedup_vs_best_other"), ".2f", "x"))
+    return cells
+
+
+def impl_headers(impls: Sequence[str]) -> list[str]:
+    headers = []
+    for impl in impls:
+        headers.append(f"{impl} GB/s")
+        if impl == "avo":
+            headers.append("avo/copy")
+    return headers + ["avo vs best"]
+
+
+def text_table(results: dict) -> str:
+    impls = impls_of(results)
+    header = ["op", "dir", "shape", "dtype"] + impl_headers(impls)
+    body = [header] + [[r["op"], r["dir"], fmt_shape(r["shape"]), r["dtype"]]
+                       + impl_cells(r, impls) for r in results["rows"]]
+    return aligned_columns(body, numbers_from=4)
+
+
+def aligned_columns(body: Sequence[Sequence[str]], numbers_from: int) -> str:
+    """Plain-text table: the first line is the header, underlined; columns from
+    `numbers_from` on are right-aligned."""
+    widths = [max(len(line[i]) for line in body) for i in range(len(body[0]))]
+    lines = ["  ".join(c.rjust(w) if i >= numbers_from else c.ljust(w)
+                       for i, (c, w) in enumerate(zip(line, widths))).rstrip()
+             for line in body]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def summary_line(op: str, direction: str, dtype: str, rows: Sequence[dict]) -> list[str]:
+    """op, dir, dtype, row lengths, avo/copy range, avo vs best: geomean, min, max, wins."""
+    lengths = sorted({row_length(r) for r in rows})
+    fracs = [r["results"]["avo"]["frac_copy"] for r in rows
+             if r["results"].get("avo", {}).get("frac_copy") is not None]
+    ratios = [(r["speedup_vs_best_other"], row_length(r)) for r in rows
+              if r.get("speedup_vs_best_other")]
+    span = f"{lengths[0]}–{lengths[-1]}" if len(lengths) > 1 else str(lengths[0])
+    frac = "–" if not fracs else f"{min(fracs):.2f}" + (
+        f"–{max(fracs):.2f}" if f"{max(fracs):.2f}" != f"{min(fracs):.2f}" else "")
+    if not ratios:
+        return [op, direction, dtype, span, frac, "–", "–", "–", "–"]
+    geomean = math.exp(sum(math.log(s) for s, _ in ratios) / len(ratios))
+    low, high = min(ratios), max(ratios)
+    wins = sum(1 for s, _ in ratios if s >= 1.0)
+    return [op, direction, dtype, span, frac, f"{geomean:.2f}x",
+            f"{low[0]:.2f}x (N={low[1]})", f"{high[0]:.2f}x (N={high[1]})",
+            f"{wins} of {len(ratios)}"]
+
+
+def markdown_report(results: dict) -> str:
+    rows = results["rows"]
+    impls = impls_of(results)
+    copy_gbps = results.get("copy_gbps")
+    versions = [f"torch {results.get('torch')}", f"CUDA {results.get('cuda')}"]
+    if results.get("triton"):
+        versions.append(f"triton {results['triton']}")
+    versions.append(f"Liger-Kernel {results['liger']}" if results.get("liger")
+                    else "Liger-Kernel not run")
+    if results.get("python"):
+        versions.append(f"Python {results['python']}")
+    l2 = results.get("l2_bytes")
+    sizing = (f"each input tensor holds {results['elements']} elements (rows = elements / N); "
+              if results.get("elements") else "")
+    lines = [
+        f"# avo_ops benchmark — {results.get('gpu', '?')}",
+        "",
+        f"{results.get('date', '')}; {', '.join(versions)}"
+        + (f"; avo_ops {results['avo_ops_commit']}" if results.get("avo_ops_commit") else "")
+        + ".",
+        f"{results.get('reps')} timed calls per result (median of CUDA-event times); "
+        f"{sizing}inputs rotated over at least 3x the L2 cache"
+        + (f" ({l2 >> 20} MiB)" if l2 else "") + ".",
+        "GB/s = minimal bytes (inputs read once, outputs written once) / median time. "
+        f"{copy_line(results)}"
+        + (f"; ratios to copy use {copy_gbps:.0f} GB/s" if copy_gbps else "") + ". "
+        "\"avo vs best\" is avo's GB/s over the best of the other implementations.",
+        "",
+        f"Command: `{results.get('command', '')}`"
+        + (f" ({results['wall_s']:.0f} s)" if results.get("wall_s") else ""),
+        "",
+    ]
+    if results.get("complete") is False:
+        lines += [f"**Incomplete run**: {len(rows)} of {results.get('cases_planned', '?')} "
+                  "cases (see the notices).", ""]
+    lines += [
+        "## Summary",
+        "",
+        "Per op, direction and dtype, over the row lengths N measured: avo's fraction of the "
+        "copy bandwidth, avo against the best other implementation (geometric mean, "
+        "worst and best N), and at how many N avo is at least as fast as all others.",
+        "",
+    ]
+    summary = []
+    for op, direction in ordered_groups(rows):
+        group = [r for r in rows if (r["op"], r["dir"]) == (op, direction) and "results" in r]
+        for dtype in ordered_dtypes(group):
+            summary.append(summary_line(op, direction, dtype,
+                                        [r for r in group if r["dtype"] == dtype]))
+    lines += md_table(["op", "dir", "dtype", "N", "avo/copy", "avo vs best (geomean)",
+                       "worst", "best", "avo fastest"], summary)
+
+    for op, direction in ordered_groups(rows):
+        lines += ["", f"## {op} {direction}", ""]
+        body = []
+        for r in rows:
+            if (r["op"], r["dir"]) != (op, direction):
+                continue
+            body.append([r["dtype"], str(row_length(r)), fmt_shape(r["shape"])]
+                        + impl_cells(r, impls))
+        lines += md_table(["dtype", "N", "shape"] + impl_headers(impls), body)
+    if results.get("notices"):
+        lines += ["", "## Notices", ""] + [f"- {n}" for n in results["notices"]]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- plots
+
+def tick_label(n: int) -> str:
+    if n >= 1 << 20 and n % (1 << 20) == 0:
+        return f"{n >> 20}M"
+    if n >= 1024 and n % 1024 == 0:
+        return f"{n >> 10}K"
+    return str(n)
+
+
+def series(rows: Sequence[dict], impl: str) -> tuple[list[int], list[float]]:
+    """(row lengths, GB/s) of one implementation, sorted by N; for a row length measured
+    on several shapes, the one with the most elements."""
+    best: dict[int, tuple[int, float]] = {}
+    for r in rows:
+        value = gbps(r, impl)
+        if value is None:
+            continue
+        n, numel = row_length(r), math.prod(r["shape"])
+        if n not in best or numel > best[n][0]:
+            best[n] = (numel, value)
+    lengths = sorted(best)
+    return lengths, [best[n][1] for n in lengths]
+
+
+def plot_results(results: dict, out_dir: str) -> list[str]:
+    """One PNG per op and direction in out_dir; returns their paths. Raises ImportError
+    without matplotlib."""
+    from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
+
+    os.makedirs(out_dir, exist_ok=True)
+    rows = [r for r in results["rows"] if r.get("results")]
+    impls = impls_of(results)
+    copy_gbps = results.get("copy_gbps")
+    paths = []
+    for op, direction in ordered_groups(rows):
+        group = [r for r in rows if (r["op"], r["dir"]) == (op, direction)]
+        dtypes = ordered_dtypes(group)
+        fig = Figure(figsize=(4.4 * len(dtypes) + 2.0, 4.2), layout="constrained")
+        axes = fig.subplots(1, len(dtypes), sharey=True, squeeze=False)[0]
+        top = copy_gbps or 0.0
+        for ax, dtype in zip(axes, dtypes):
+            panel = [r for r in group if r["dtype"] == dtype]
+            all_lengths = sorted({row_length(r) for r in panel})
+            for impl in impls:
+                xs, ys = series(panel, impl)
+                if xs:
+                    ax.plot(xs, ys, marker="o", markersize=4, label=impl,
+                            color=COLORS.get(impl), linewidth=2 if impl == "avo" else 1.3)
+                    top = max(top, max(ys))
+            if copy_gbps:
+                ax.axhline(copy_gbps, linestyle="--", color="gray", linewidth=1,
+                           label=f"device copy ({copy_gbps:.0f} GB/s)")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(all_lengths, [tick_label(n) for n in all_lengths])
+            ax.minorticks_off()
+            ax.set_title(dtype)
+            ax.set_xlabel("row length N")
+            ax.grid(True, alpha=0.3)
+        axes[0].set_ylabel("GB/s (minimal bytes / median time)")
+        axes[0].set_ylim(0, 1.08 * top if top else None)
+        handles, labels = axes[-1].get_legend_handles_labels()
+        try:  # beside the panels, clear of the data (matplotlib >= 3.7)
+            fig.legend(handles, labels, loc="outside right upper", fontsize="small")
+        except ValueError:
+            axes[-1].legend(loc="best", fontsize="small")
+        fig.suptitle(f"{op} {direction} — {results.get('gpu', '')}")
+        path = os.path.join(out_dir, f"{op}_{direction}.png")
+        fig.savefig(path, dpi=110)
+        paths.append(path)
+    return paths
+
+
+# --------------------------------------------------------------------------- CLI
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(description="Markdown tables and PNG plots from a "
+                                            "bench_ops.py results JSON.")
+    p.add_argument("json", help="results.json written by bench_ops.py")
+    p.add_argument("--out", metavar="DIR", help="output folder (default: the JSON's folder)")
+    p.add_argument("--no-plots", action="store_true", help="only the Markdown")
+    args = p.parse_args(argv)
+    with open(args.json) as f:
+        results = json.load(f)
+    out = args.out or os.path.dirname(os.path.abspath(args.json))
+    os.makedirs(out, exist_ok=True)
+    written = [os.path.join(out, "results.md")]
+    with open(written[0], "w") as f:
+        f.write(markdown_report(results))
+    if not args.no_plots:
+        written += plot_results(results, os.path.join(out, "plots"))
+    for path in written:
+        print(f"wrote {path}", file=sys.stderr)
+    print(text_table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

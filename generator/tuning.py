@@ -1,0 +1,75 @@
+"""The measured part of the row kernels' dispatch: one JSON file per GPU architecture in
+tuning/ (tuning/sm_90.json), written by benchmarks/tune_rows.py on that GPU and read
+here at generation time, so that the thresholds land in the generated .cu sources.
+
+A file holds, besides how it was measured, for each row op and kernel ("forward",
+"backward") and element type the row length in 16-byte vectors from which the staged
+(shared-memory) version beats the register version, or null where it never does:
+
+    {"arch": 90, "gpu": "NVIDIA H200", "staged_min_vectors":
+        {"layernorm": {"forward": {"float16": 512, "bfloat16": 512, "float32": null}, ...}}}
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+
+from .errors import SpecError
+
+TUNING_DIR = "tuning"
+DTYPES = ("float16", "bfloat16", "float32")  # the order of avo::RowTuning::staged_min_vectors
+ROLES = ("forward", "backward")
+
+
+@dataclass(frozen=True)
+class ArchTuning:
+    arch: int  # compute capability, major * 10 + minor
+    gpu: str
+    # (op, role, dtype) -> threshold in vectors; absent or None: never staged by choice
+    staged_min_vectors: dict[tuple[str, str, str], int | None]
+
+    def threshold(self, op: str, role: str, dtype: str) -> int | None:
+        return self.staged_min_vectors.get((op, role, dtype))
+
+
+def load_tunings(root: str) -> list[ArchTuning]:
+    """Every tuning/sm_<arch>.json under `root`, newest architecture first."""
+    folder = os.path.join(root, TUNING_DIR)
+    if not os.path.isdir(folder):
+        return []
+    tunings = []
+    for name in sorted(os.listdir(folder)):
+        match = re.fullmatch(r"sm_(\d+)\.json", name)
+        if match:
+            tunings.append(_parse(os.path.join(folder, name), f"{TUNING_DIR}/{name}", int(match.group(1))))
+    return sorted(tunings, key=lambda t: -t.arch)
+
+
+def _parse(path: str, shown: str, arch: int) -> ArchTuning:
+    def fail(message: str):
+        raise SpecError(None, f"{shown}: {message}")
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError) as error:
+        fail(f"cannot be read: {error}")
+    if data.get("arch") != arch:
+        fail(f"'arch' is {data.get('arch')!r} but the file name says {arch}")
+    table = data.get("staged_min_vectors")
+    if not isinstance(table, dict):
+        fail("'staged_min_vectors' must map op -> kernel -> dtype -> vectors or null")
+    thresholds = {}
+    for op, roles in table.items():
+        if not isinstance(roles, dict) or set(roles) - set(ROLES):
+            fail(f"'{op}' must map 'forward'/'backward' to thresholds")
+        for role, by_dtype in roles.items():
+            if not isinstance(by_dtype, dict) or set(by_dtype) - set(DTYPES):
+                fail(f"'{op}.{role}' must map {', '.join(DTYPES)} to thresholds")
+            for dtype, value in by_dtype.items():
+                if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                    fail(f"'{op}.{role}.{dtype}' must be a positive number of vectors or null, got {value!r}")
+                thresholds[(op, role, dtype)] = value
+    return ArchTuning(arch, str(data.get("gpu", "")), thresholds)

@@ -1,0 +1,234 @@
+"""The parts of benchmarks/ that need no GPU: the sweep plan and its byte counts, the case
+table against torch on CPU, the Markdown and PNG reports of a small synthetic result, the
+host-overhead script on CPU."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import bench_cases  # noqa: E402
+import bench_host_overhead  # noqa: E402
+import bench_ops  # noqa: E402
+import bench_report  # noqa: E402
+import liger_baselines  # noqa: E402
+
+E = 1 << 26  # the default element count per input tensor
+
+
+def planned(args, op, direction, dtype, n):
+    return next(p for p in bench_ops.plan_cases(args)
+                if (p.case.op, p.case.direction, p.dtype, p.row_length)
+                == (op, direction, dtype, n))
+
+
+# --------------------------------------------------------------------------- the plan
+
+def test_default_sweep_fills_the_element_count_for_every_row_length():
+    args = bench_ops.parse_args([])
+    assert args.shapes == [(E // n, n) for n in (256, 1024, 4096, 16384, 65536, 262144)]
+    assert args.shapes[0] == (262144, 256) and args.shapes[-1] == (256, 262144)
+    assert args.dtypes == [torch.bfloat16, torch.float16, torch.float32]
+    assert args.dirs == ["fwd", "bwd"]
+    assert set(args.ops) == set(bench_cases.op_names()) - {"gelu_tanh"}
+    plan = bench_ops.plan_cases(args)
+    assert len(plan) == len(args.ops) * 2 * 3 * 6
+    assert all(math.prod(p.shape) == E for p in plan)
+
+
+def test_every_avo_op_has_a_forward_and_a_backward_case():
+    import avo_ops
+    for op in avo_ops.OPS:
+        for direction in ("fwd", "bwd"):
+            assert bench_cases.find_case(op, direction)
+
+
+def test_rows_rows_override_and_explicit_shapes():
+    args = bench_ops.parse_args(["--row-lengths", "3000,4096", "--elements", "1000000"])
+    assert args.shapes == [(333, 3000), (244, 4096)]  # 1000000 // N rows
+    assert bench_ops.parse_args(["--rows", "8", "--row-lengths", "1024"]).shapes == [(8, 1024)]
+    assert bench_ops.parse_args(["--shapes", "16x4096,2x3x5"]).shapes == [(16, 4096), (2, 3, 5)]
+    quick = bench_ops.parse_args(["--quick"])
+    assert quick.shapes == [(16384, 4096)]
+    assert quick.ops == bench_ops.QUICK_OPS
+    assert quick.dtypes == [torch.bfloat16, torch.float32]
+    assert bench_ops.parse_args(["--quick", "--row-lengths", "256"]).shapes == [(E // 256, 256)]
+    with pytest.raises(SystemExit):
+        bench_ops.parse_args(["--ops", "no_such_op"])
+
+
+def test_channel_norm_lays_rows_out_as_batch_x_64_channels():
+    args = bench_ops.parse_args(["--ops", "channel_norm", "--dirs", "fwd"])
+    assert [p.shape for p in bench_ops.plan_cases(args)][:6] == [
+        (E // 256 // 64, 64, 256), (E // 1024 // 64, 64, 1024), (E // 4096 // 64, 64, 4096),
+        (E // 16384 // 64, 64, 16384), (E // 65536 // 64, 64, 65536), (4, 64, 262144)]
+    assert bench_cases.channel_layout((24, 100)) == (3, 8, 100)  # 8 = gcd(24, 64)
+
+
+def test_bytes_per_case_match_the_hand_count():
+    args = bench_ops.parse_args([])
+    bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
+    # layernorm backward: dy, x read, dx written (3 tensors); w read, dw, db written.
+    assert planned(args, "layernorm", "bwd", bf16, 1024).nbytes == 2 * (3 * E + 3 * 1024)
+    # rmsnorm forward: x read, y written; w read.
+    assert planned(args, "rmsnorm", "fwd", fp32, 256).nbytes == 4 * (2 * E + 256)
+    # add_layernorm backward: grad_hidden, grad_y, x, residual read, grad_x, grad_residual
+    # written; w read, dw, db written.
+    assert planned(args, "add_layernorm", "bwd", fp16, 4096).nbytes == 2 * (6 * E + 3 * 4096)
+    # gelu backward: dy, x read, dx written.
+    assert planned(args, "gelu", "bwd", bf16, 65536).nbytes == 2 * 3 * E
+    # channel_norm forward: x read, y written; gamma, beta (length C = 64) read.
+    assert planned(args, "channel_norm", "fwd", fp32, 262144).nbytes == 4 * (2 * E + 2 * 64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_every_case_computes_what_its_eager_reference_computes_on_cpu(dtype):
+    torch.manual_seed(0)
+    for case in bench_cases.CASES:
+        inputs = case.make_inputs(case.layout((8, 256)), dtype, torch.device("cpu"))
+        check = bench_ops.compare(case.avo(*inputs), case.eager(*inputs), dtype)
+        assert check["ok"], (case.label, check)
+
+
+def test_liger_covers_only_benchmarked_cases():
+    for op, direction in liger_baselines.COVERED:
+        assert bench_cases.find_case(op, direction)
+
+
+def test_missing_liger_gives_one_notice_and_no_baseline():
+    try:
+        import liger_kernel  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("liger-kernel is installed here")
+    notices = bench_ops.Notices()
+    assert bench_ops.load_liger(notices) == {}
+    assert len(notices.items) == 1 and "Liger-Kernel baseline skipped" in notices.items[0]
+
+
+# --------------------------------------------------------------------------- reports
+
+COPY = 4000.0
+
+
+def result(gbps, nbytes):
+    return {"median_us": round(nbytes / (gbps * 1e3), 3), "gbps": gbps,
+            "frac_copy": round(gbps / COPY, 4), "first_call_s": 0.5}
+
+
+def synthetic_results() -> dict:
+    """layernorm fwd/bwd with all four implementations (Liger missing at the longest row),
+    gelu fwd without Liger; bf16 and fp32; N = 256, 4096, 65536."""
+    rows = []
+    for op, direction in [("layernorm", "fwd"), ("layernorm", "bwd"), ("gelu", "fwd")]:
+        for dtype in ("bf16", "fp32"):
+            for i, n in enumerate((256, 4096, 65536)):
+                nbytes = 2 * (1 << 20) * (2 if dtype == "bf16" else 4)
+                res = {"avo": result(1000.0 * (i + 1), nbytes),
+                       "eager": result(1500.0, nbytes),
+                       "compile": result(2000.0, nbytes)}
+                if op == "layernorm":
+                    res["liger"] = (result(2500.0, nbytes) if n < 65536
+                                    else {"error": "RuntimeError: n = 65536 too long"})
+                rows.append({"op": op, "dir": direction, "shape": [(1 << 20) // n, n],
+                             "rows": (1 << 20) // n, "row_length": n, "dtype": dtype,
+                             "bytes": nbytes, "buffers": 2, "results": res,
+                             "check": {"ok": True, "max_abs_diff": 0.0},
+                             "speedup_vs_best_other": bench_report.speedup(res)})
+    return {"gpu": "Test GPU", "torch": "2.x", "cuda": "13.0", "triton": "3.6.0",
+            "liger": "0.8.5", "python": "3.12", "date": "2026-01-01T00:00:00+00:00",
+            "command": "bench_ops.py --out x", "impls": ["avo", "eager", "compile", "liger"],
+            "reps": 50, "warmup": 10, "elements": 1 << 20, "l2_bytes": 60 << 20,
+            "copy": [{"size_mib": 2048, "gbps": COPY}], "copy_gbps": COPY, "wall_s": 12.0,
+            "notices": ["liger unavailable for layernorm.fwd: RuntimeError: too long"],
+            "rows": rows}
+
+
+def test_markdown_report_of_a_synthetic_run():
+    md = bench_report.markdown_report(synthetic_results())
+    assert md.startswith("# avo_ops benchmark — Test GPU\n")
+    assert "Liger-Kernel 0.8.5" in md and "ratios to copy use 4000 GB/s" in md
+    for section in ("## Summary", "## layernorm fwd", "## layernorm bwd", "## gelu fwd",
+                    "## Notices"):
+        assert section in md
+    assert ("| dtype | N | shape | avo GB/s | avo/copy | eager GB/s | compile GB/s | "
+            "liger GB/s | avo vs best |") in md
+    # avo 1000 GB/s against the best other, Liger's 2500; avo 3000 where Liger failed.
+    assert "| bf16 | 256 | 4096x256 | 1000 | 0.25 | 1500 | 2000 | 2500 | 0.40x |" in md
+    assert "| fp32 | 65536 | 16x65536 | 3000 | 0.75 | 1500 | 2000 | – | 1.50x |" in md
+    assert "| fp32 | 4096 | 256x4096 | 2000 | 0.50 | 1500 | 2000 | – | 1.00x |" in md  # gelu
+    # Summary of layernorm fwd bf16: ratios 0.4, 0.8, 1.5 -> geomean (0.48)^(1/3).
+    geomean = (0.4 * 0.8 * 1.5) ** (1 / 3)
+    assert (f"| layernorm | fwd | bf16 | 256–65536 | 0.25–0.75 | {geomean:.2f}x | "
+            "0.40x (N=256) | 1.50x (N=65536) | 1 of 3 |") in md
+    text = bench_report.text_table(synthetic_results())
+    assert text.splitlines()[0].split() == [
+        "op", "dir", "shape", "dtype", "avo", "GB/s", "avo/copy", "eager", "GB/s", "compile",
+        "GB/s", "liger", "GB/s", "avo", "vs", "best"]
+    assert len(text.splitlines()) == 2 + 18
+
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def png_size(path: str) -> tuple[int, int]:
+    with open(path, "rb") as f:
+        head = f.read(24)
+    assert head[:8] == PNG_MAGIC and head[12:16] == b"IHDR", path
+    return struct.unpack(">II", head[16:24])
+
+
+def test_plots_of_a_synthetic_run_and_replot_from_json(tmp_path):
+    pytest.importorskip("matplotlib")
+    results = synthetic_results()
+    paths = bench_report.plot_results(results, str(tmp_path / "plots"))
+    assert sorted(os.path.basename(p) for p in paths) == [
+        "gelu_fwd.png", "layernorm_bwd.png", "layernorm_fwd.png"]
+    for path in paths:
+        width, height = png_size(path)
+        assert width > height > 100  # two dtype panels side by side
+    # Redrawn from the saved JSON alone, into another folder.
+    saved = tmp_path / "results.json"
+    saved.write_text(json.dumps(results))
+    assert bench_report.main([str(saved), "--out", str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again" / "results.md").read_text() == bench_report.markdown_report(results)
+    for name in ("gelu_fwd.png", "layernorm_bwd.png", "layernorm_fwd.png"):
+        png_size(str(tmp_path / "again" / "plots" / name))
+
+
+def test_write_reports_writes_json_markdown_and_plots(tmp_path):
+    pytest.importorskip("matplotlib")
+    args = bench_ops.parse_args(["--out", str(tmp_path)])
+    bench_ops.write_reports(args, synthetic_results())
+    assert json.loads((tmp_path / "results.json").read_text()) == synthetic_results()
+    assert (tmp_path / "results.md").read_text().startswith("# avo_ops benchmark")
+    assert len(list((tmp_path / "plots").glob("*.png"))) == 3
+
+
+# --------------------------------------------------------------------------- host overhead
+
+def test_host_overhead_runs_on_cpu_and_reports_every_op(tmp_path, capsys):
+    rc = bench_host_overhead.main(["--device", "cpu", "--iters", "4", "--warmup", "1",
+                                   "--out", str(tmp_path)])
+    assert rc == 0
+    report = json.loads((tmp_path / "host_overhead.json").read_text())
+    ops = {c.op for c in bench_host_overhead.op_table()}
+    import avo_ops
+    assert ops == set(avo_ops.OPS)
+    assert {(r["op"], r["mode"]) for r in report["rows"]} == {
+        (op, mode) for op in ops for mode in bench_host_overhead.MODES}
+    for r in report["rows"]:
+        assert r["avo_us"] > 0 and r["torch_us"] > 0
+        assert r["ratio"] == pytest.approx(r["avo_us"] / r["torch_us"], rel=0.01, abs=0.001)
+    md = (tmp_path / "host_overhead.md").read_text()
+    assert md.count("\n| ") == 1 + len(report["rows"])  # header + one line per row
+    assert "layernorm" in capsys.readouterr().out

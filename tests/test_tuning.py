@@ -1,0 +1,86 @@
+"""The row kernels' dispatch table: tuning/sm_<arch>.json files reach the generated .cu
+sources, bad files are rejected with their name, and the threshold rule of
+benchmarks/tune_rows.py picks what it documents."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+from generator.build import generate  # noqa: E402
+from generator.errors import SpecError  # noqa: E402
+from generator.tuning import load_tunings  # noqa: E402
+
+
+def _tree(tmp_path, tuning: dict | None, name: str = "sm_90.json"):
+    """A copy of the specs (softmax only) and, optionally, one tuning file."""
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    shutil.copy(os.path.join(ROOT, "specs", "softmax.yaml"), specs)
+    if tuning is not None:
+        (tmp_path / "tuning").mkdir()
+        (tmp_path / "tuning" / name).write_text(json.dumps(tuning))
+    return tmp_path
+
+
+def _softmax_cu(root) -> str:
+    generate(str(root), str(root / "specs"), check=False)
+    return (root / "csrc" / "generated" / "softmax.cu").read_text()
+
+
+def test_without_tuning_files_every_gpu_gets_the_default(tmp_path):
+    cu = _softmax_cu(_tree(tmp_path, None))
+    assert "//   | forward  | any other GPU |    never |    never |    never |" in cu
+    assert "{0, {avo::kStagedNever, avo::kStagedNever, avo::kStagedNever}}," in cu
+    assert "avo::staged_min_vectors<T>(kForwardTuning)" in cu and "avo::staged_min_vectors<T>(kBackwardTuning)" in cu
+
+
+def test_a_tuning_file_sets_the_thresholds_of_its_arch(tmp_path):
+    tuning = {"arch": 90, "gpu": "NVIDIA H200", "staged_min_vectors": {
+        "softmax": {"forward": {"float16": 512, "bfloat16": None, "float32": 2048},
+                    "backward": {"float32": 1024}}}}
+    cu = _softmax_cu(_tree(tmp_path, tuning))
+    assert "//   | forward  | sm_90 (NVIDIA H200) |      512 |    never |     2048 |" in cu
+    assert "//   | backward | sm_90 (NVIDIA H200) |    never |    never |     1024 |" in cu
+    forward = cu[cu.index("kForwardTuning[] = {"):]
+    assert forward.splitlines()[1].strip() == "{90, {512, avo::kStagedNever, 2048}},"
+    assert forward.splitlines()[2].strip() == "{0, {avo::kStagedNever, avo::kStagedNever, avo::kStagedNever}},"
+
+
+@pytest.mark.parametrize("content, name, phrase", [
+    ({"arch": 80, "staged_min_vectors": {}}, "sm_90.json", "'arch' is 80 but the file name says 90"),
+    ({"arch": 90}, "sm_90.json", "'staged_min_vectors' must map"),
+    ({"arch": 90, "staged_min_vectors": {"softmax": {"sideways": {}}}}, "sm_90.json", "'softmax' must map"),
+    ({"arch": 90, "staged_min_vectors": {"softmax": {"forward": {"float64": 4}}}}, "sm_90.json",
+     "'softmax.forward' must map"),
+    ({"arch": 90, "staged_min_vectors": {"softmax": {"forward": {"float32": -4}}}}, "sm_90.json",
+     "'softmax.forward.float32' must be a positive number of vectors or null, got -4"),
+])
+def test_bad_tuning_files_are_rejected_with_their_name(tmp_path, content, name, phrase):
+    root = _tree(tmp_path, content, name)
+    with pytest.raises(SpecError, match=f"tuning/{name}: .*{phrase}".replace("[", r"\[").replace("(", r"\(")):
+        load_tunings(str(root))
+
+
+def test_the_shipped_tuning_files_load():
+    for tuning in load_tunings(ROOT):
+        assert tuning.arch >= 50
+
+
+def test_threshold_rule():
+    from tune_rows import threshold
+
+    # (vectors, register us, staged us)
+    assert threshold([(32, 10, 12), (64, 10, 9), (128, 10, 8), (256, 10, 10)], 0.01) == 64
+    # staged faster at 64 but slower again at 128: only from 256 on
+    assert threshold([(32, 10, 12), (64, 10, 9), (128, 10, 11), (256, 10, 8)], 0.01) == 256
+    # equal everywhere (e.g. beyond the register limit both runs take one kernel): never
+    assert threshold([(32, 10, 10), (64, 10, 10.05)], 0.01) is None
+    assert threshold([], 0.01) is None
