@@ -42,12 +42,20 @@ struct RowCall {
   int64_t batch = 0, channels = 0;  // channel ops
 };
 
-// Chunks of the per-column sums: at least kMinRowsPerChunk rows each (the partials are
-// then at most 1/kMinRowsPerChunk of the rows' size in fp32) and at most kMaxChunks of
-// them. Fixed by the row count alone, so the summation order (and the result) does not
-// depend on the machine.
-constexpr int64_t kMinRowsPerChunk = 32;
+// Chunks of the per-column sums, each one worker's (a GPU block's or group's) rows:
+// kRowsPerChunk rows each (the partials then add 1/kRowsPerChunk of the rows' size in
+// fp32), fewer when that would leave under kMinChunks chunks (a few long rows: 8 chunks
+// of 32 rows would keep 8 blocks busy on a GPU of 132 multiprocessors), more when it
+// would make over kMaxChunks. Fixed by the row count alone, so the summation order (and
+// the result) does not depend on the machine.
+constexpr int64_t kRowsPerChunk = 32;
+constexpr int64_t kMinChunks = 256;
 constexpr int64_t kMaxChunks = 4096;
+
+inline int64_t rows_per_chunk(int64_t rows) {
+  const int64_t spread = std::min(kRowsPerChunk, std::max<int64_t>(1, (rows + kMinChunks - 1) / kMinChunks));
+  return std::max(spread, (rows + kMaxChunks - 1) / kMaxChunks);
+}
 
 template <int NumInputs, int NumOutputs>
 RowCall<NumInputs, NumOutputs> prepare_rows(const char* op, const std::array<RowInput, NumInputs>& inputs,
@@ -129,7 +137,7 @@ RowCall<NumInputs, NumOutputs> prepare_rows(const char* op, const std::array<Row
       if (wanted[k] && output_domains[k] == Domain::Col) call.outputs[k].zero_();
   }
   if (column_outputs && rows > 0 && column_sums > 0) {
-    const int64_t per_chunk = std::max(kMinRowsPerChunk, (rows + kMaxChunks - 1) / kMaxChunks);
+    const int64_t per_chunk = rows_per_chunk(rows);
     call.args.rows_per_chunk = per_chunk;
     call.args.chunks = (rows + per_chunk - 1) / per_chunk;
     call.partials = at::zeros({column_sums, call.args.chunks, length}, options.dtype(at::kFloat));

@@ -453,8 +453,9 @@ def test_non_contiguous_gradient_argument(device):
 # ---------------------------------------------------------------------------------
 
 # Rows of 16-byte-aligned lengths from one vector to the register and shared-memory
-# limits; 100 rows make several chunks of parameter-gradient partials (32 rows each).
-VERSION_SHAPES = [(100, 8), (100, 1024), (100, 4096), (7, 16384), (3, 32768)]
+# limits; 600 rows make 200 chunks of 3 rows for the parameter-gradient partials, 7 rows
+# chunks of one row (csrc/row_binding.h).
+VERSION_SHAPES = [(600, 8), (600, 1024), (600, 4096), (7, 16384), (3, 32768)]
 
 
 @pytest.fixture
