@@ -9,9 +9,10 @@ this times the host side of one call in three modes:
     fwd_bwd  avo_ops.<op>(...) on inputs that require grad, then .backward() of its outputs,
              vs the same with the torch call (torch's autograd backward)
 
-The torch calls: F.gelu, F.silu, F.layer_norm, F.rms_norm, torch.softmax,
-torch.log_softmax, F.layer_norm(F.silu(x)), x + residual followed by F.rms_norm or
-F.layer_norm, and F.group_norm with one group per channel.
+The calls and their inputs are the forward cases of bench_cases.py (the torch calls: F.gelu,
+F.silu, F.layer_norm, F.rms_norm, torch.softmax, torch.log_softmax, F.layer_norm(F.silu(x)),
+x + residual followed by F.rms_norm or F.layer_norm, and F.group_norm with one group per
+channel).
 
 Host time per call = the wall time of the call itself (time.perf_counter_ns around it),
 median over --iters calls. On CUDA the kernels run asynchronously, so that is the time
@@ -45,79 +46,42 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_cases  # noqa: E402  (the ops' calls and inputs)
 import bench_report  # noqa: E402  (its table layout)
 
-LN_EPS = 1e-5
-RMS_EPS = 1e-6
 N = 1024
 MODES = ("fwd", "fwd_api", "fwd_bwd")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 ROUNDS = 10  # avo and torch alternate in this many blocks per mode
 
 
+# The input shape per op: one row of N elements, or this.
+SHAPES = {"channel_norm": (1, 4, N // 4)}
+
+
 @dataclass(frozen=True)
 class OpCalls:
-    """One op: its small inputs (shape, number of parameter vectors and their length) and
-    the three calls, each taking the same tensors."""
+    """One op: its forward case of bench_cases.py (inputs, the torch.ops.avo call and the
+    torch call) and its functional API, avo_ops.<op>, called with the same tensors (its
+    defaults are the cases' eps)."""
 
-    op: str
+    case: bench_cases.Case
     shape: tuple[int, ...]
-    extra_full: int    # more tensors shaped like x (the residual)
-    params: int        # parameter vectors (weight, bias, gamma, beta)
-    param_len: int
-    avo_op: Callable   # via torch.ops.avo
-    avo_api: Callable  # via avo_ops.<op>
-    torch_call: Callable
+    avo_api: Callable
+
+    @property
+    def op(self) -> str:
+        return self.case.op
 
 
 def op_table() -> list[OpCalls]:
     import avo_ops
-    avo = torch.ops.avo
 
-    def add_rms(x, r, w):
-        h = x + r
-        return h, F.rms_norm(h, (N,), w, RMS_EPS)
-
-    def add_ln(x, r, w, b):
-        h = x + r
-        return h, F.layer_norm(h, (N,), w, b, LN_EPS)
-
-    row = (1, N)
-    return [
-        OpCalls("gelu", row, 0, 0, N, avo.gelu, avo_ops.gelu, F.gelu),
-        OpCalls("silu", row, 0, 0, N, avo.silu, avo_ops.silu, F.silu),
-        OpCalls("layernorm", row, 0, 2, N,
-                lambda x, w, b: avo.layernorm(x, w, b, LN_EPS),
-                lambda x, w, b: avo_ops.layernorm(x, w, b, LN_EPS),
-                lambda x, w, b: F.layer_norm(x, (N,), w, b, LN_EPS)),
-        OpCalls("rmsnorm", row, 0, 1, N,
-                lambda x, w: avo.rmsnorm(x, w, RMS_EPS),
-                lambda x, w: avo_ops.rmsnorm(x, w, RMS_EPS),
-                lambda x, w: F.rms_norm(x, (N,), w, RMS_EPS)),
-        OpCalls("softmax", row, 0, 0, N, avo.softmax, avo_ops.softmax,
-                lambda x: torch.softmax(x, -1)),
-        OpCalls("log_softmax", row, 0, 0, N, avo.log_softmax, avo_ops.log_softmax,
-                lambda x: torch.log_softmax(x, -1)),
-        OpCalls("swish_layernorm", row, 0, 2, N,
-                lambda x, w, b: avo.swish_layernorm(x, w, b, LN_EPS),
-                lambda x, w, b: avo_ops.swish_layernorm(x, w, b, LN_EPS),
-                lambda x, w, b: F.layer_norm(F.silu(x), (N,), w, b, LN_EPS)),
-        OpCalls("add_rmsnorm", row, 1, 1, N,
-                lambda x, r, w: avo.add_rmsnorm(x, r, w, RMS_EPS),
-                lambda x, r, w: avo_ops.add_rmsnorm(x, r, w, RMS_EPS),
-                add_rms),
-        OpCalls("add_layernorm", row, 1, 2, N,
-                lambda x, r, w, b: avo.add_layernorm(x, r, w, b, LN_EPS),
-                lambda x, r, w, b: avo_ops.add_layernorm(x, r, w, b, LN_EPS),
-                add_ln),
-        OpCalls("channel_norm", (1, 4, N // 4), 0, 2, 4,
-                lambda x, g, b: avo.channel_norm(x, g, b, LN_EPS),
-                lambda x, g, b: avo_ops.channel_norm(x, g, b, LN_EPS),
-                lambda x, g, b: F.group_norm(x, x.shape[1], g, b, LN_EPS)),
-    ]
+    return [OpCalls(case, SHAPES.get(case.op, (1, N)), getattr(avo_ops, case.op))
+            for case in bench_cases.CASES
+            if case.direction == "fwd" and case.op in avo_ops.OPS]  # not gelu_tanh: gelu's twin
 
 
 # --------------------------------------------------------------------------- timing
@@ -195,10 +159,7 @@ def time_steps(steps: dict[str, Step], iters: int, warmup: int, sync_every: int,
 
 def make_tensors(calls: OpCalls, dtype: torch.dtype, device: torch.device,
                  requires_grad: bool) -> list[torch.Tensor]:
-    ts = [torch.randn(calls.shape, dtype=dtype, device=device)
-          for _ in range(1 + calls.extra_full)]
-    ts += [torch.randn(calls.param_len, dtype=dtype, device=device) for _ in range(calls.params)]
-    return [t.requires_grad_(requires_grad) for t in ts]
+    return [t.requires_grad_(requires_grad) for t in calls.case.make_inputs(calls.shape, dtype, device)]
 
 
 def measure_op(calls: OpCalls, dtype, device, iters: int, warmup: int,
@@ -207,10 +168,10 @@ def measure_op(calls: OpCalls, dtype, device, iters: int, warmup: int,
     plain = make_tensors(calls, dtype, device, requires_grad=False)
     leaves = make_tensors(calls, dtype, device, requires_grad=True)
     pairs = {
-        "fwd": (forward_step(calls.avo_op, plain), forward_step(calls.torch_call, plain)),
-        "fwd_api": (forward_step(calls.avo_api, plain), forward_step(calls.torch_call, plain)),
+        "fwd": (forward_step(calls.case.avo, plain), forward_step(calls.case.eager, plain)),
+        "fwd_api": (forward_step(calls.avo_api, plain), forward_step(calls.case.eager, plain)),
         "fwd_bwd": (backward_step(calls.avo_api, leaves),
-                    backward_step(calls.torch_call, leaves)),
+                    backward_step(calls.case.eager, leaves)),
     }
     rows = []
     for mode, (avo_step, torch_step) in pairs.items():

@@ -257,6 +257,16 @@ def rotation_count(bytes_per_set: int) -> int:
     return max(1, min(wanted, affordable))
 
 
+def input_sets(case: Case, shape: Shape, dtype: torch.dtype) -> list[tuple]:
+    """The case's inputs for `shape` (seeded), and as many more distinct sets as
+    rotation_count asks for; the first set is the one results are checked on."""
+    torch.manual_seed(0)
+    device = torch.device(DEVICE)
+    probe = case.make_inputs(shape, dtype, device)
+    count = rotation_count(sum(t.numel() * t.element_size() for t in probe))
+    return [probe] + [case.make_inputs(shape, dtype, device) for _ in range(count - 1)]
+
+
 # --------------------------------------------------------------------------- copy bandwidth
 
 def measure_copy(timer: Timer) -> list[dict]:
@@ -400,11 +410,8 @@ def bench_case(planned: Planned, impls: Sequence[Impl], timer: Timer, copy_gbps,
            "dtype": SHORT_DTYPE[dtype], "bytes": planned.nbytes, "buffers": None,
            "results": {}, "check": None}
     try:
-        torch.manual_seed(0)
-        device = torch.device(DEVICE)
-        probe = case.make_inputs(shape, dtype, device)
-        count = rotation_count(sum(t.numel() * t.element_size() for t in probe))
-        arg_sets = [probe] + [case.make_inputs(shape, dtype, device) for _ in range(count - 1)]
+        arg_sets = input_sets(case, shape, dtype)
+        probe, count = arg_sets[0], len(arg_sets)
     except Exception as exc:  # noqa: BLE001 - e.g. out of memory: report, keep going
         row["error"] = first_line(exc)
         notices.add(f"{planned.label} skipped: {row['error']}")

@@ -37,8 +37,11 @@ import bench_cases  # noqa: E402
 import bench_ops  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ROW_OPS = ["layernorm", "rmsnorm", "softmax", "log_softmax", "swish_layernorm", "add_rmsnorm", "add_layernorm",
-           "channel_norm"]
+sys.path.insert(0, ROOT)
+from generator.build import load_schedules  # noqa: E402
+
+# The ops whose kernels are row kernels, from their specs.
+ROW_OPS = [s.spec.name for s in load_schedules(ROOT, os.path.join(ROOT, "specs")) if s.pattern == "row"]
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 ROLES = {"fwd": "forward", "bwd": "backward"}
 DEFAULT_LENGTHS = [256 << i for i in range(8)]  # 256 ... 32768
@@ -46,17 +49,13 @@ DEFAULT_LENGTHS = [256 << i for i in range(8)]  # 256 ... 32768
 
 def time_version(avo_ops, case, shape, dtype, version: str, timer: bench_ops.Timer) -> float:
     """Median microseconds of one call of the avo kernel, forced onto `version`."""
-    torch.manual_seed(0)
-    device = torch.device("cuda")
-    probe = case.make_inputs(shape, dtype, device)
-    count = bench_ops.rotation_count(sum(t.numel() * t.element_size() for t in probe))
-    arg_sets = [probe] + [case.make_inputs(shape, dtype, device) for _ in range(count - 1)]
+    arg_sets = bench_ops.input_sets(case, shape, dtype)
     avo_ops._C.set_row_version(version)
     try:
         times = timer.measure(case.avo, arg_sets)
     finally:
         avo_ops._C.set_row_version("auto")
-    del arg_sets, probe
+    del arg_sets
     torch.cuda.empty_cache()
     return sorted(times)[len(times) // 2]
 
