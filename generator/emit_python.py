@@ -1,6 +1,6 @@
 """Emit the Python glue of one op (`avo_ops/_generated/<op>.py`): fake (meta)
-implementations, autograd registration, the autograd.Function class and the
-functional API; plus the package index `avo_ops/_generated/__init__.py`."""
+implementations, the autograd.Function class and the functional API (the autograd
+kernel of the op itself is C++: emit_autograd.py); plus the package index `avo_ops/_generated/__init__.py`."""
 from __future__ import annotations
 
 import textwrap
@@ -76,11 +76,13 @@ def emit_python(s: OpSchedule) -> str:
     grads = [f"grad_{n}" for n in tensor_names]
     lines.append(f"    {', '.join(grads)} = torch.ops.{ns}.{bwd.registered_name}({call_args})")
     returned = [f"_runtime.reduce_grad(grad_{n}, {n})" for n in tensor_names] + ["None"] * len(attr_names)
-    lines += [f"    return {', '.join(returned)}", "", "",
-              f'torch.library.register_autograd("{ns}::{name}", _backward, setup_context=_setup_context)', "", ""]
+    lines += [f"    return {', '.join(returned)}", "", ""]
 
+    # torch.ops.<ns>.<op> is differentiable by itself (its Autograd kernel is C++:
+    # csrc/generated/autograd.cpp); the class is for code that composes autograd.Functions.
     lines += [f"class {cls}(torch.autograd.Function):",
-              f'    """autograd.Function of {ns}::{name}; `{name}()` below is its functional form."""', "",
+              f'    """autograd.Function of {ns}::{name}, with the same forward and backward as the op\'s',
+              f'    own autograd kernel (torch.ops.{ns}.{name} is differentiable without it)."""', "",
               "    @staticmethod", f"    def forward({_params(fwd, False)}):",
               f"        return torch.ops.{ns}.{name}({all_inputs})", "",
               "    setup_context = staticmethod(_setup_context)", "    backward = staticmethod(_backward)", "", ""]
@@ -101,7 +103,7 @@ def emit_python(s: OpSchedule) -> str:
     else:
         returns = "a new contiguous tensor of the inputs' broadcast shape and dtype."
     lines += ["", "    Returns:", f"        {outs}: {returns}",
-              '    """', f"    return {cls}.apply({all_inputs})", ""]
+              '    """', f"    return torch.ops.{ns}.{name}({all_inputs})", ""]
     return "\n".join(lines)
 
 

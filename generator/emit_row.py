@@ -4,8 +4,8 @@ for a backward, also per-column sums (gradients of [N]-shaped parameters), accum
 per chunk of rows and then summed over the chunks in a fixed order (deterministic).
 
 The math of a row op is one function, `apply(row)`, written against a row object that
-provides `row.sum(term)`, `row.max(term)`, `row.for_each(body)` and
-`row.column_sums<K>(terms)`; each calls its lambda once per element with an element
+provides `row.sum(term)`, `row.max(term)`, `row.sums(out, terms)` (several
+independent sums in one pass), `row.for_each(body)` and `row.column_sums<K>(terms)`; each calls its lambda once per element with an element
 handle `at` (`at.load(k)`, `at.load_col(k, missing)`, `at.store(k, value)`). The CPU
 (avo/row_cpu.h) and the GPU (avo/row_cuda.cuh: the row held in registers) supply their own.
 """
@@ -15,11 +15,20 @@ import textwrap
 
 from .emit_c import StatementPrinter, float_literal
 from .emit_kernels import bitmask, entry_points, enum_name, header_comment, launcher_params
-from .ir import REDUCTION_OPS, Graph, Node, make, topological_order
+from .ir import REDUCTION_OPS, Graph, Node, const, make, reduce, topological_order
 from .schedule import OpSchedule, RowKernel, Specialization
 from .tuning import DTYPES as TUNING_DTYPES, ArchTuning
 
 REDUCE_CALL = {"rsum": "sum", "rmax": "max", "rmin": "min"}
+
+
+def with_args(node: Node, args: tuple[Node, ...]) -> Node:
+    """`node` with new arguments (the node itself when they are the same)."""
+    if all(a is b for a, b in zip(args, node.args)):
+        return node
+    if node.op in REDUCTION_OPS or node.op == "colsum":
+        return Node.make(node.op, args, value=node.value)
+    return make(node.op, *args)
 
 
 def strip_no_grad(node: Node, memo: dict[int, Node]) -> Node:
@@ -29,18 +38,75 @@ def strip_no_grad(node: Node, memo: dict[int, Node]) -> Node:
         return done
     if node.op == "no_grad":
         result = strip_no_grad(node.args[0], memo)
-    elif not node.args:
-        result = node
     else:
-        args = tuple(strip_no_grad(a, memo) for a in node.args)
-        if all(a is b for a, b in zip(args, node.args)):
-            result = node
-        elif node.op in REDUCTION_OPS or node.op == "colsum":
-            result = Node.make(node.op, args, value=node.value)
-        else:
-            result = make(node.op, *args)
+        result = with_args(node, tuple(strip_no_grad(a, memo) for a in node.args))
     memo[id(node)] = result
     return result
+
+
+def _row_factor(node: Node) -> tuple[Node, Node]:
+    """(factor, rest) with node == factor * rest, the factor per row (or constant): the
+    per-row factors of a product pulled out of it."""
+    if node.domain in ("row", "scalar"):
+        return node, const(1.0)
+    if node.op == "mul":
+        (fa, ra), (fb, rb) = _row_factor(node.args[0]), _row_factor(node.args[1])
+        return make("mul", fa, fb), make("mul", ra, rb)
+    if node.op == "div" and node.args[1].domain in ("row", "scalar"):
+        f, r = _row_factor(node.args[0])
+        return make("div", f, node.args[1]), r
+    if node.op == "neg":
+        f, r = _row_factor(node.args[0])
+        return make("neg", f), r
+    return const(1.0), node
+
+
+def _linear_parts(node: Node) -> list[tuple[Node, Node]]:
+    """node == sum of factor * rest over the parts: its terms (through +, - and unary
+    minus, not into products), each split by _row_factor."""
+    if node.op in ("add", "sub"):
+        right = _linear_parts(node.args[1])
+        if node.op == "sub":
+            right = [(make("neg", f), r) for f, r in right]
+        return _linear_parts(node.args[0]) + right
+    if node.op == "neg":
+        return [(make("neg", f), r) for f, r in _linear_parts(node.args[0])]
+    return [_row_factor(node)]
+
+
+def earlier_sums(results: dict[str, Node]) -> dict[str, Node]:
+    """Rewrites sum(c1 * e1 + c2 * e2 + ...), c per row, as c1 * sum(e1) + c2 * sum(e2)
+    + ... where every new sum needs fewer reductions before it than the original, so it
+    joins an earlier pass over the row. In layernorm's backward the last sum,
+    sum(-(dy * w * rstd + 2 * r0 * (x - mu))), becomes -(rstd * sum(dy * w) + 2 * r0 *
+    (sum(x) - mu * N)), whose sums join the pass of the mean: one pass fewer. Products
+    are never multiplied out, so sum((x - mu) * (x - mu)) stays as written."""
+    memo: dict[int, Node] = {}
+    depth: dict[int, int] = {}
+
+    def level(node: Node) -> int:
+        if id(node) not in depth:
+            below = max((level(a) for a in node.args), default=0)
+            depth[id(node)] = below + 1 if node.op in REDUCTION_OPS else below
+        return depth[id(node)]
+
+    def visit(node: Node) -> Node:
+        done = memo.get(id(node))
+        if done is not None:
+            return done
+        result = with_args(node, tuple(visit(a) for a in node.args))
+        if result.op == "rsum":
+            parts = _linear_parts(result.args[0])
+            sums = [(f, reduce("rsum", r, result.value)) for f, r in parts]
+            if max(level(s) for _, s in sums) < level(result):
+                total = make("mul", *sums[0])
+                for f, s in sums[1:]:
+                    total = make("add", total, make("mul", f, s))
+                result = total
+        memo[id(node)] = result
+        return result
+
+    return {name: visit(node) for name, node in results.items()}
 
 
 class ScopePrinter(StatementPrinter):
@@ -109,7 +175,7 @@ class RowProgram:
     def __init__(self, kernel: RowKernel, graph: Graph):
         self.kernel = kernel
         memo: dict[int, Node] = {}
-        self.results = {name: strip_no_grad(node, memo) for name, node in graph.results.items()}
+        self.results = earlier_sums({name: strip_no_grad(node, memo) for name, node in graph.results.items()})
         self.spec_names = {strip_no_grad(n, memo): name for n, name in graph.names.items()}
         self.taken = {i.name for i in kernel.inputs} | {name for name, _ in kernel.scalars} | {"length", "row", "at",
                                                                                                "terms"}
@@ -194,7 +260,12 @@ class RowProgram:
                 self.known[id(leaves[i.name])] = i.name
         for stage in self.levels():
             lines += self._hoist([r.args[0] for r in stage])
+            sums = [r for r in stage if r.op == "rsum"]
+            if len(sums) > 1:  # independent sums: one pass over the row, one exchange
+                lines += self._fused_sums(sums)
             for r in stage:
+                if len(sums) > 1 and r.op == "rsum":
+                    continue
                 name = _fresh(self.taken, f"{REDUCE_CALL[r.op]}_")
                 block = self._element_block({"term": r.args[0]})
                 lines.append(f"const float {name} = row.{REDUCE_CALL[r.op]}([&](const auto& at) {{")
@@ -228,6 +299,18 @@ class RowProgram:
             lines += [f"  {line}" for line in block]
             lines += [f"  terms[{k}] = term_{k};" for k in range(len(roots))]
             lines.append("});")
+        return lines
+
+    def _fused_sums(self, sums: list[Node]) -> list[str]:
+        """Sums of one level computed together: `row.sums(array, terms)`."""
+        names = [_fresh(self.taken, "sum_") for _ in sums]
+        array = _fresh(self.taken, "sums_")
+        block = self._element_block({f"term_{k}": r.args[0] for k, r in enumerate(sums)})
+        lines = [f"float {array}[{len(sums)}];", f"row.sums({array}, [&](const auto& at, float* terms) {{"]
+        lines += [f"  {line}" for line in block] + [f"  terms[{k}] = term_{k};" for k in range(len(sums))]
+        lines += ["});"] + [f"const float {name} = {array}[{k}];" for k, name in enumerate(names)]
+        for r, name in zip(sums, names):
+            self.known[id(r)] = name
         return lines
 
     def _scalar(self, node: Node) -> str:
@@ -305,9 +388,12 @@ def emit_row_math(s: OpSchedule) -> str:
             lines += [f"  {ctype} {name};" for name, ctype in kernel.scalars]
             elem_inputs = bitmask([i.domain == "elem" for i in kernel.inputs])
             elem_outputs = bitmask([o.domain == "elem" for o in kernel.outputs])
-            lines += ["  // Which inputs and outputs are per element (bit k: input or output k).",
+            col_inputs = bitmask([i.domain == "col" for i in kernel.inputs])
+            lines += ["  // Which inputs and outputs are per element, and which inputs per column (bit k:",
+                      "  // input or output k).",
                       f"  static constexpr unsigned kElementInputs = {elem_inputs};",
                       f"  static constexpr unsigned kElementOutputs = {elem_outputs};",
+                      f"  static constexpr unsigned kColumnInputs = {col_inputs};",
                       "  // Per-column outputs (summed over rows by the column pass): how many, and where.",
                       f"  static constexpr int kColumnSums = {len(columns)};",
                       "  AVO_HOST_DEVICE static constexpr int column_output(int k) { return "

@@ -4,16 +4,20 @@ torch.autograd in float64. The IR is evaluated here by a small interpreter over 
 tensors laid out as [rows, N] (per-row values [rows, 1], per-column values [1, N])."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from generator.autodiff import lower_backward
 from generator.errors import SpecError
-from generator.ir import lower_forward, topological_order
+from generator.emit_row import earlier_sums, strip_no_grad
+from generator.ir import REDUCTION_OPS, lower_forward, topological_order
 from generator.model import parse_spec
 from generator.yaml_source import parse_yaml
 
+ROOT = Path(__file__).resolve().parent.parent
 ROWS, N = 5, 7
 
 OPS = {
@@ -151,6 +155,60 @@ def test_forward_and_derived_backward_match_torch(name):
     for (input_name, tensor), want in zip(present.items(), wanted):
         g = got[f"grad_{input_name}"].expand_as(tensor)
         torch.testing.assert_close(g, want if want is not None else torch.zeros_like(tensor), rtol=1e-9, atol=1e-10)
+
+
+def _passes(results) -> int:
+    """Passes over the row before the outputs: the longest chain of reductions."""
+    depth = {}
+    for node in topological_order(results.values()):
+        below = max((depth[id(a)] for a in node.args), default=0)
+        depth[id(node)] = below + (node.op in REDUCTION_OPS)
+    return max(depth[id(n)] for n in results.values())
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_earlier_sums_keeps_the_value_of_every_result(name):
+    spec = spec_of(CASES[name])
+    torch.manual_seed(1)
+    values = {"x": torch.randn(ROWS, N, dtype=torch.float64) * 3 + 2, "weight": torch.randn(1, N, dtype=torch.float64),
+              "bias": torch.randn(1, N, dtype=torch.float64)}
+    values.update({f"grad_{o.name}": torch.randn(ROWS, N if o.shape[-1] == "N" else 1, dtype=torch.float64)
+                   for o in spec.outputs})
+    for graph in (lower_forward(spec, {}), lower_backward(spec, {})):
+        results = {k: strip_no_grad(v, {}) for k, v in graph.results.items()}
+        rewritten = earlier_sums(results)
+        before, after = evaluate(results, values, {"eps": 1e-5}), evaluate(rewritten, values, {"eps": 1e-5})
+        for out in results:
+            torch.testing.assert_close(after[out], before[out], rtol=1e-11, atol=1e-11)
+        assert _passes(rewritten) <= _passes(results)
+
+
+@pytest.mark.parametrize("name,passes", [("layernorm", 2), ("swish_layernorm", 2), ("softmax", 2)])
+def test_backward_passes_after_earlier_sums(name, passes):
+    """layernorm's backward was 3 levels of sums (mean; variance and sum(dy*w*d);
+    the sum of the dx terms); the last is rewritten into sums of the first two levels.
+    softmax's sum(dy * e / sum(e)) becomes sum(dy * e) / sum(e), beside sum(e)."""
+    results = {k: strip_no_grad(v, {}) for k, v in lower_backward(spec_of(CASES[name]), {}).results.items()}
+    assert _passes(earlier_sums(results)) == passes < _passes(results)
+
+
+@pytest.mark.parametrize("op,passes", [("layernorm", 2), ("rmsnorm", 1), ("softmax", 2), ("swish_layernorm", 2)])
+def test_generated_backward_makes_one_pass_per_level(op, passes):
+    """Sums of one level share a pass (row.sums); the generated backward makes `passes`
+    reduction passes over the row before its outputs."""
+    with open(ROOT / "csrc" / "generated" / f"{op}_math.h", encoding="utf-8") as f:
+        backward = f.read().split("struct BackwardMath")[1]
+    calls = sum(backward.count(f"row.{call}(") for call in ("sum", "sums", "max", "min"))
+    assert calls == passes
+
+
+def test_earlier_sums_does_not_multiply_out_products():
+    """The variance keeps its centered form: sum(d * d), never sum(x * x) - N * mu^2,
+    which cancels catastrophically when the mean is large."""
+    results = {k: strip_no_grad(v, {}) for k, v in lower_backward(spec_of(LAYERNORM), {}).results.items()}
+    sums = [n for n in topological_order(earlier_sums(results).values()) if n.op == "rsum"]
+    squares = [n for n in sums if n.args[0].op == "mul" and n.args[0].args[0] is n.args[0].args[1]]
+    assert squares and all(n.args[0].args[0].op == "sub" for n in squares)
 
 
 def test_domains_of_parameter_gradients_are_per_column():

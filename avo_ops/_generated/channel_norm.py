@@ -33,11 +33,9 @@ def _backward(ctx, grad_y):
     return _runtime.reduce_grad(grad_x, x), _runtime.reduce_grad(grad_gamma, gamma), _runtime.reduce_grad(grad_beta, beta), None, None
 
 
-torch.library.register_autograd("avo::channel_norm", _backward, setup_context=_setup_context)
-
-
 class ChannelNormFunction(torch.autograd.Function):
-    """autograd.Function of avo::channel_norm; `channel_norm()` below is its functional form."""
+    """autograd.Function of avo::channel_norm, with the same forward and backward as the op's
+    own autograd kernel (torch.ops.avo.channel_norm is differentiable without it)."""
 
     @staticmethod
     def forward(x, gamma=None, beta=None, eps=1e-05, swish=False):
@@ -63,4 +61,4 @@ def channel_norm(x: torch.Tensor, gamma: torch.Tensor | None = None, beta: torch
     Returns:
         y: new contiguous tensors of the inputs' dtype, shaped like the input (per row: without its last dimension).
     """
-    return ChannelNormFunction.apply(x, gamma, beta, eps, swish)
+    return torch.ops.avo.channel_norm(x, gamma, beta, eps, swish)

@@ -32,11 +32,9 @@ def _backward(ctx, grad_y):
     return _runtime.reduce_grad(grad_x, x), _runtime.reduce_grad(grad_weight, weight), _runtime.reduce_grad(grad_bias, bias), None
 
 
-torch.library.register_autograd("avo::swish_layernorm", _backward, setup_context=_setup_context)
-
-
 class SwishLayernormFunction(torch.autograd.Function):
-    """autograd.Function of avo::swish_layernorm; `swish_layernorm()` below is its functional form."""
+    """autograd.Function of avo::swish_layernorm, with the same forward and backward as the op's
+    own autograd kernel (torch.ops.avo.swish_layernorm is differentiable without it)."""
 
     @staticmethod
     def forward(x, weight=None, bias=None, eps=1e-05):
@@ -59,4 +57,4 @@ def swish_layernorm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: t
     Returns:
         y: new contiguous tensors of the inputs' dtype, shaped like the input (per row: without its last dimension).
     """
-    return SwishLayernormFunction.apply(x, weight, bias, eps)
+    return torch.ops.avo.swish_layernorm(x, weight, bias, eps)

@@ -17,9 +17,11 @@ namespace avo::ops::add_rmsnorm {
 // Forward of one row.
 struct ForwardMath {
   float eps;
-  // Which inputs and outputs are per element (bit k: input or output k).
+  // Which inputs and outputs are per element, and which inputs per column (bit k:
+  // input or output k).
   static constexpr unsigned kElementInputs = 0x3u;
   static constexpr unsigned kElementOutputs = 0x3u;
+  static constexpr unsigned kColumnInputs = 0x4u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 0;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
@@ -53,9 +55,11 @@ struct ForwardMath {
 // Backward of one row.
 struct BackwardMath {
   float eps;
-  // Which inputs and outputs are per element (bit k: input or output k).
+  // Which inputs and outputs are per element, and which inputs per column (bit k:
+  // input or output k).
   static constexpr unsigned kElementInputs = 0xfu;
   static constexpr unsigned kElementOutputs = 0x3u;
+  static constexpr unsigned kColumnInputs = 0x10u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 1;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return k == 0 ? 2 : -1; }
@@ -66,22 +70,20 @@ struct BackwardMath {
   AVO_HOST_DEVICE void apply(const Row& row) const {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
-    const float sum_0 = row.sum([&](const auto& at) {
+    float sums_0[2];
+    row.sums(sums_0, [&](const auto& at, float* terms) {
       const float x = at.load(2);
       const float residual = at.load(3);
-      const float hidden = x + residual;
-      const float term = hidden * hidden;
-      return term;
-    });
-    const float sum_1 = row.sum([&](const auto& at) {
       const float grad_y = at.load(1);
       const float weight = at.load_col(4, 1.0f);
-      const float x = at.load(2);
-      const float residual = at.load(3);
       const float hidden = x + residual;
-      const float term = grad_y * weight * hidden;
-      return term;
+      const float term_0 = hidden * hidden;
+      const float term_1 = grad_y * weight * hidden;
+      terms[0] = term_0;
+      terms[1] = term_1;
     });
+    const float sum_0 = sums_0[0];
+    const float sum_1 = sums_0[1];
     const float rrms = F::rsqrt(sum_0 / length + eps);
     const float r0 = sum_1 * (-0.5f) * (rrms * rrms * rrms) / length;
     row.for_each([&](const auto& at) {

@@ -16,9 +16,11 @@ namespace avo::ops::log_softmax {
 
 // Forward of one row.
 struct ForwardMath {
-  // Which inputs and outputs are per element (bit k: input or output k).
+  // Which inputs and outputs are per element, and which inputs per column (bit k:
+  // input or output k).
   static constexpr unsigned kElementInputs = 0x1u;
   static constexpr unsigned kElementOutputs = 0x1u;
+  static constexpr unsigned kColumnInputs = 0x0u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 0;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
@@ -52,9 +54,11 @@ struct ForwardMath {
 
 // Backward of one row.
 struct BackwardMath {
-  // Which inputs and outputs are per element (bit k: input or output k).
+  // Which inputs and outputs are per element, and which inputs per column (bit k:
+  // input or output k).
   static constexpr unsigned kElementInputs = 0x3u;
   static constexpr unsigned kElementOutputs = 0x1u;
+  static constexpr unsigned kColumnInputs = 0x0u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 0;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }

@@ -16,9 +16,11 @@ namespace avo::ops::softmax {
 
 // Forward of one row.
 struct ForwardMath {
-  // Which inputs and outputs are per element (bit k: input or output k).
+  // Which inputs and outputs are per element, and which inputs per column (bit k:
+  // input or output k).
   static constexpr unsigned kElementInputs = 0x1u;
   static constexpr unsigned kElementOutputs = 0x1u;
+  static constexpr unsigned kColumnInputs = 0x0u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 0;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
@@ -51,9 +53,11 @@ struct ForwardMath {
 
 // Backward of one row.
 struct BackwardMath {
-  // Which inputs and outputs are per element (bit k: input or output k).
+  // Which inputs and outputs are per element, and which inputs per column (bit k:
+  // input or output k).
   static constexpr unsigned kElementInputs = 0x3u;
   static constexpr unsigned kElementOutputs = 0x1u;
+  static constexpr unsigned kColumnInputs = 0x0u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 0;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
@@ -69,25 +73,24 @@ struct BackwardMath {
       const float term = x;
       return term;
     });
-    const float sum_0 = row.sum([&](const auto& at) {
+    float sums_0[2];
+    row.sums(sums_0, [&](const auto& at, float* terms) {
       const float x = at.load(1);
-      const float e = F::exp(x - max_0);
-      const float term = e;
-      return term;
-    });
-    const float sum_1 = row.sum([&](const auto& at) {
       const float grad_y = at.load(0);
-      const float x = at.load(1);
       const float e = F::exp(x - max_0);
-      const float y = e / sum_0;
-      const float term = -(grad_y * y / sum_0);
-      return term;
+      const float term_1 = grad_y * e;
+      const float term_0 = e;
+      terms[0] = term_0;
+      terms[1] = term_1;
     });
+    const float sum_0 = sums_0[0];
+    const float sum_1 = sums_0[1];
+    const float r0 = 1.0f / sum_0 / sum_0 * sum_1;
     row.for_each([&](const auto& at) {
       const float grad_y = at.load(0);
       const float x = at.load(1);
       const float e = F::exp(x - max_0);
-      const float grad_x = (grad_y / sum_0 + sum_1) * e;
+      const float grad_x = (grad_y / sum_0 - r0) * e;
       at.store(0, grad_x);
     });
   }

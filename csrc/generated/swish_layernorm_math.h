@@ -17,9 +17,11 @@ namespace avo::ops::swish_layernorm {
 // Forward of one row.
 struct ForwardMath {
   float eps;
-  // Which inputs and outputs are per element (bit k: input or output k).
+  // Which inputs and outputs are per element, and which inputs per column (bit k:
+  // input or output k).
   static constexpr unsigned kElementInputs = 0x1u;
   static constexpr unsigned kElementOutputs = 0x1u;
+  static constexpr unsigned kColumnInputs = 0x6u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 0;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
@@ -60,9 +62,11 @@ struct ForwardMath {
 // Backward of one row.
 struct BackwardMath {
   float eps;
-  // Which inputs and outputs are per element (bit k: input or output k).
+  // Which inputs and outputs are per element, and which inputs per column (bit k:
+  // input or output k).
   static constexpr unsigned kElementInputs = 0x3u;
   static constexpr unsigned kElementOutputs = 0x1u;
+  static constexpr unsigned kColumnInputs = 0xcu;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 2;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return k == 0 ? 1 : k == 1 ? 2 : -1; }
@@ -73,42 +77,41 @@ struct BackwardMath {
   AVO_HOST_DEVICE void apply(const Row& row) const {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
-    const float sum_0 = row.sum([&](const auto& at) {
+    float sums_0[2];
+    row.sums(sums_0, [&](const auto& at, float* terms) {
       const float x = at.load(1);
+      const float grad_y = at.load(0);
+      const float weight = at.load_col(2, 1.0f);
       const float swish = x * F::sigmoid(x);
-      const float term = swish;
-      return term;
+      const float term_1 = grad_y * weight;
+      const float term_0 = swish;
+      terms[0] = term_0;
+      terms[1] = term_1;
     });
+    const float sum_0 = sums_0[0];
+    const float sum_1 = sums_0[1];
     const float mu = sum_0 / length;
-    const float sum_1 = row.sum([&](const auto& at) {
+    float sums_1[3];
+    row.sums(sums_1, [&](const auto& at, float* terms) {
       const float x = at.load(1);
-      const float swish = x * F::sigmoid(x);
-      const float centered = swish - mu;
-      const float term = centered * centered;
-      return term;
-    });
-    const float sum_2 = row.sum([&](const auto& at) {
       const float grad_y = at.load(0);
       const float weight = at.load_col(2, 1.0f);
-      const float x = at.load(1);
       const float swish = x * F::sigmoid(x);
       const float centered = swish - mu;
-      const float term = grad_y * weight * centered;
-      return term;
+      const float term_0 = centered * centered;
+      const float term_1 = grad_y * weight * centered;
+      const float term_2 = centered;
+      terms[0] = term_0;
+      terms[1] = term_1;
+      terms[2] = term_2;
     });
-    const float rstd = F::rsqrt(sum_1 / length + eps);
-    const float r0 = sum_2 * (-0.5f) * (rstd * rstd * rstd) / length;
-    const float sum_3 = row.sum([&](const auto& at) {
-      const float grad_y = at.load(0);
-      const float weight = at.load_col(2, 1.0f);
-      const float x = at.load(1);
-      const float swish = x * F::sigmoid(x);
-      const float centered = swish - mu;
-      const float t0 = r0 * centered;
-      const float term = -(grad_y * weight * rstd + t0 + t0);
-      return term;
-    });
-    const float r1 = sum_3 / length;
+    const float sum_2 = sums_1[0];
+    const float sum_3 = sums_1[1];
+    const float sum_4 = sums_1[2];
+    const float rstd = F::rsqrt(sum_2 / length + eps);
+    const float r0 = sum_3 * (-0.5f) * (rstd * rstd * rstd) / length;
+    const float t0 = r0 * sum_4;
+    const float r1 = (-(rstd * sum_1) - t0 - t0) / length;
     row.for_each([&](const auto& at) {
       const float grad_y = at.load(0);
       const float weight = at.load_col(2, 1.0f);

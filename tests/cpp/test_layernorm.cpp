@@ -1,5 +1,6 @@
 // C++ test of the libtorch build: calls avo::layernorm and avo::layernorm_backward through
-// the dispatcher and compares them with ATen's layer norm computed in float64, on the CPU
+// the dispatcher and compares them with ATen's layer norm computed in float64, and checks
+// backward() through the op (its C++ Autograd kernel), on the CPU
 // and, when the library has CUDA kernels and a GPU is present, on CUDA.
 // Exits non-zero on any failure. AVO_TEST_REQUIRE_CUDA=1 makes a skipped CUDA part a failure.
 #include <ATen/Context.h>
@@ -195,6 +196,25 @@ void check_backward(const c10::TypedOperatorHandle<Backward>& layernorm_backward
               dtype_name(dtype), shape_text(c.shape).c_str(), params ? "weight+bias" : "no params", worst);
 }
 
+// The op is differentiable from C++ too (its Autograd kernel is registered by the
+// library): backward() through avo::layernorm gives exactly what avo::layernorm_backward
+// computes, for x, weight and bias.
+void check_autograd(const c10::TypedOperatorHandle<Forward>& layernorm,
+                    const c10::TypedOperatorHandle<Backward>& layernorm_backward, at::Device device) {
+  ++checks;
+  const at::Tensor x = at::randn({6, 40}).to(device).set_requires_grad(true);
+  const at::Tensor w = at::randn({40}).to(device).set_requires_grad(true);
+  const at::Tensor b = at::randn({40}).to(device).set_requires_grad(true);
+  const at::Tensor g = at::randn({6, 40}).to(device);
+  layernorm.call(x, w, b, 1e-5).backward(g);
+  const auto [gx, gw, gb] = layernorm_backward.call(g, x.detach(), w.detach(), b.detach(), 1e-5);
+  const bool same = x.grad().defined() && w.grad().defined() && b.grad().defined() && x.grad().equal(gx) &&
+                    w.grad().equal(gw) && b.grad().equal(gb);
+  if (!same) fail("layernorm " + device.str() + ": backward() through the op differs from avo::layernorm_backward");
+  else std::printf("  layernorm          %-6s backward() through the op: x, weight and bias gradients as "
+                   "avo::layernorm_backward\n", device.str().c_str());
+}
+
 // Argument errors come back as c10::Error naming the op and the argument.
 void check_error(const c10::TypedOperatorHandle<Forward>& layernorm, at::Device device) {
   ++checks;
@@ -243,6 +263,7 @@ void run_device(at::Device device, const c10::TypedOperatorHandle<Forward>& laye
     for (bool params : {false, true}) check_backward(layernorm_backward, device, at::kFloat, c, params);
   }
   check_backward(layernorm_backward, device, at::kBFloat16, Case{{16, 256}, 1e-5, false}, true);
+  check_autograd(layernorm, layernorm_backward, device);
   check_error(layernorm, device);
 }
 

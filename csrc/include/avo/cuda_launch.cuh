@@ -6,6 +6,9 @@
 
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "dtype.h"
 #include "map_args.h"
@@ -56,9 +59,28 @@ __device__ __forceinline__ T load_readonly(const T* p) {
   }
 }
 
+// A 16-byte vector is stored as one uint4, 16-bit elements packed in pairs first: a
+// plain struct store of elements written one by one is split by the compiler into 2-
+// and 4-byte stores, 4 to 8 store instructions instead of one.
 template <int V, typename T>
 __device__ __forceinline__ void store_vec(T* p, const Vec<T, V>& value) {
-  *reinterpret_cast<Vec<T, V>*>(p) = value;
+  if constexpr (sizeof(Vec<T, V>) == sizeof(uint4) && sizeof(T) == 2) {
+    unsigned words[4];
+    AVO_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      unsigned short low, high;
+      memcpy(&low, &value.v[2 * i], 2);
+      memcpy(&high, &value.v[2 * i + 1], 2);
+      words[i] = unsigned(low) | (unsigned(high) << 16);
+    }
+    *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
+  } else if constexpr (sizeof(Vec<T, V>) == sizeof(uint4)) {
+    uint4 bits;
+    memcpy(&bits, &value, sizeof(bits));
+    *reinterpret_cast<uint4*>(p) = bits;
+  } else {
+    *reinterpret_cast<Vec<T, V>*>(p) = value;
+  }
 }
 
 // Asynchronous 16-byte copies from global to shared memory (cp.async, sm_80 and newer;
@@ -100,17 +122,64 @@ bool all_aligned(const MapArgs<NumInputs, NumOutputs>& args, uintptr_t bytes) {
   return true;
 }
 
+// What the launchers need to know of the current device. Read from the driver once per
+// device: the queries would otherwise cost host time on every call.
+struct DeviceInfo {
+  int arch = 0;                 // compute capability, major * 10 + minor
+  int multiprocessors = 1;
+  size_t max_shared_optin = 0;  // shared memory a block may use when it asks for it
+};
+
+inline DeviceInfo read_device_info(int device) {
+  DeviceInfo info;
+  int major = 0, minor = 0, multiprocessors = 1, shared = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device);
+  cudaDeviceGetAttribute(&shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  info.arch = major * 10 + minor;
+  info.multiprocessors = multiprocessors > 0 ? multiprocessors : 1;
+  info.max_shared_optin = size_t(shared > 0 ? shared : 0);
+  return info;
+}
+
+inline DeviceInfo current_device_info() {
+  constexpr int kCachedDevices = 64;
+  static DeviceInfo cached[kCachedDevices];
+  static std::once_flag read[kCachedDevices];
+  int device = 0;
+  cudaGetDevice(&device);
+  if (device < 0 || device >= kCachedDevices) return read_device_info(device);
+  std::call_once(read[device], [device] { cached[device] = read_device_info(device); });
+  return cached[device];
+}
+
+// Blocks of `kernel` that fit on one multiprocessor of the current device, from the
+// occupancy calculator; remembered per kernel, block size, shared memory and device.
+template <typename Kernel>
+int blocks_per_multiprocessor(Kernel kernel, int threads, size_t shared_bytes) {
+  static std::mutex lock;
+  static std::map<std::tuple<const void*, int, size_t, int>, int> known;
+  int device = 0;
+  cudaGetDevice(&device);
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), threads, shared_bytes, device);
+  const std::lock_guard<std::mutex> guard(lock);
+  const auto found = known.find(key);
+  if (found != known.end()) return found->second;
+  int blocks = 1;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, shared_bytes);
+  known.emplace(key, blocks > 0 ? blocks : 1);
+  return blocks > 0 ? blocks : 1;
+}
+
 // Blocks for a grid-stride loop over `work_items`: as many as the work needs, but no
 // more than one wave of blocks resident at once (read from the occupancy calculator for
 // this kernel, so register use cannot push part of the grid into a second wave).
 template <typename Kernel>
 unsigned resident_grid_size(Kernel kernel, int64_t work_items, int threads, size_t shared_bytes = 0) {
-  int device = 0, multiprocessors = 1, blocks_per_multiprocessor = 1;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device);
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_multiprocessor, kernel, threads, shared_bytes);
   const int64_t needed = (work_items + threads - 1) / threads;
-  const int64_t resident = int64_t(multiprocessors) * (blocks_per_multiprocessor > 0 ? blocks_per_multiprocessor : 1);
+  const int64_t resident =
+      int64_t(current_device_info().multiprocessors) * blocks_per_multiprocessor(kernel, threads, shared_bytes);
   const int64_t blocks = needed < resident ? needed : resident;
   return unsigned(blocks > 0 ? blocks : 1);
 }

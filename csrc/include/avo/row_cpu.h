@@ -31,6 +31,17 @@ struct SerialRow : RowView<T, Args> {
     for (int64_t n = 0; n < args.length; ++n) total += term(At{*this, n});
     return float(total);
   }
+  // Several sums in one pass: out[k] = the sum of terms[k] over the row.
+  template <int K, typename F>
+  void sums(float (&out)[K], F terms_at) const {
+    double total[K] = {};
+    for (int64_t n = 0; n < args.length; ++n) {
+      float terms[K];
+      terms_at(At{*this, n}, terms);
+      for (int k = 0; k < K; ++k) total[k] += terms[k];
+    }
+    for (int k = 0; k < K; ++k) out[k] = float(total[k]);
+  }
   template <typename F>
   float max(F term) const {
     float best = -std::numeric_limits<float>::infinity();

@@ -25,6 +25,7 @@
 
 #include <cuda_runtime.h>
 
+#include <mutex>
 #include <type_traits>
 
 #include "cuda_launch.cuh"
@@ -58,6 +59,32 @@ __device__ __forceinline__ float group_reduce(float value, Combine combine, int 
   return value;
 }
 
+// K sums over each group of `group_threads` consecutive threads at once (see
+// group_reduce): one exchange across the warps of a group for all K.
+template <int K>
+__device__ __forceinline__ void group_sums(float (&values)[K], int group_threads) {
+  const int width = group_threads < 32 ? group_threads : 32;
+  for (int offset = width / 2; offset > 0; offset /= 2) {
+    AVO_UNROLL
+    for (int k = 0; k < K; ++k) values[k] += __shfl_xor_sync(0xffffffffu, values[k], offset);
+  }
+  if (group_threads <= 32) return;
+  __shared__ float per_warp[K][32];
+  const int warp = threadIdx.x / 32, warps = group_threads / 32;
+  const int first = warp - warp % warps;
+  __syncthreads();  // a previous reduction may still be reading per_warp
+  if (threadIdx.x % 32 == 0) {
+    AVO_UNROLL
+    for (int k = 0; k < K; ++k) per_warp[k][warp] = values[k];
+  }
+  __syncthreads();
+  AVO_UNROLL
+  for (int k = 0; k < K; ++k) {
+    values[k] = per_warp[k][first];
+    for (int w = 1; w < warps; ++w) values[k] += per_warp[k][first + w];
+  }
+}
+
 struct Plus {
   __device__ float operator()(float a, float b) const { return a + b; }
 };
@@ -77,6 +104,11 @@ struct Reductions {
   __device__ __forceinline__ float max(F term) const { return self().reduce(term, Max{}, -INFINITY); }
   template <typename F>
   __device__ __forceinline__ float min(F term) const { return self().reduce(term, Min{}, INFINITY); }
+  // Several sums in one pass over the row: out[k] = the sum of terms[k].
+  template <int K, typename F>
+  __device__ __forceinline__ void sums(float (&out)[K], F terms_at) const {
+    self().template reduce_sums<K>(terms_at, out);
+  }
   __device__ __forceinline__ const Row& self() const { return static_cast<const Row&>(*this); }
 };
 
@@ -88,6 +120,28 @@ __device__ __forceinline__ void store_output_vectors(const Args& args, int64_t r
   for (int k = 0; k < Args::kOutputs; ++k) {
     if (!((Math::kElementOutputs >> k) & 1u) || args.outputs[k] == nullptr) continue;
     store_vec<V>(static_cast<T*>(args.outputs[k]) + r * args.length + v * V, out[k]);
+  }
+}
+
+// Whether the register and staged rows read per-column inputs (weight, bias) as 16-byte
+// vectors, once per vector of the row, or one element per element (through L1). Vectors
+// in the backward kernels: fewer load instructions. Elements in the forward kernels:
+// there the compiler hoists every vector of weight and bias ahead of the loop, which
+// spills under the 64-register cap of 1024-thread blocks; the H200 measured layernorm's
+// bf16 forward at 0.52 of copy with vectors against 0.68 without.
+template <typename Math>
+constexpr bool kVectorColumns = Math::kColumnSums > 0;
+
+// Vector v (of V elements) of every per-column input of Math that the call passed, as
+// one 16-byte load each (where kVectorColumns<Math>). Loads the math of a pass does not
+// read are dead code and dropped by the compiler.
+template <typename Math, typename T, typename Args, int V>
+__device__ __forceinline__ void load_column_vectors(const Args& args, int64_t v, Vec<T, V> (&columns)[Args::kInputs]) {
+  if constexpr (!kVectorColumns<Math>) return;
+  AVO_UNROLL
+  for (int k = 0; k < Args::kInputs; ++k) {
+    if (!((Math::kColumnInputs >> k) & 1u) || args.inputs[k] == nullptr) continue;
+    columns[k] = load_vec<V>(static_cast<const T*>(args.inputs[k]) + v * V);
   }
 }
 
@@ -138,54 +192,79 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V>>
   struct At {
     const RegisterRow& row;
     int i, j;
-    int64_t n;
-    Vector* staged;  // for_each: the outputs of this vector, stored after the body ran
+    int64_t n;              // the element's column
+    const Vector* columns;  // this vector of every per-column input (load_column_vectors)
+    Vector* staged;         // for_each: the outputs of this vector, stored after the body ran
     __device__ __forceinline__ float load(int k) const { return Element<T>::to_float(row.cache[k][i].v[j]); }
-    __device__ __forceinline__ float load_col(int k, float missing) const { return row.load_col(k, n, missing); }
+    __device__ __forceinline__ float load_col(int k, float missing) const {
+      if constexpr (!kVectorColumns<Math>) return row.load_col(k, n, missing);
+      return row.args.inputs[k] != nullptr ? Element<T>::to_float(columns[k].v[j]) : missing;
+    }
     __device__ __forceinline__ void store(int k, float value) const { staged[k].v[j] = Element<T>::from_float(value); }
   };
+
+  // Calls visit(i, v, columns) for each of this thread's vectors, `columns` holding
+  // vector v of every per-column input.
+  template <typename Visit>
+  __device__ __forceinline__ void each_vector(Visit visit) const {
+    AVO_UNROLL
+    for (int i = 0; i < P; ++i) {
+      const int64_t v = vector_index(i);
+      if (!active || v >= vectors) continue;
+      Vector columns[Args::kInputs];
+      load_column_vectors<Math>(args, v, columns);
+      visit(i, v, columns);
+    }
+  }
 
   template <typename Combine, typename F>
   __device__ __forceinline__ float reduce(F term, Combine combine, float identity) const {
     float partial = identity;
-    AVO_UNROLL
-    for (int i = 0; i < P; ++i) {
-      const int64_t v = vector_index(i);
-      if (!active || v >= vectors) continue;
+    each_vector([&](int i, int64_t v, const Vector* cols) {
       AVO_UNROLL
-      for (int j = 0; j < V; ++j) partial = combine(partial, term(At{*this, i, j, v * V + j, nullptr}));
-    }
+      for (int j = 0; j < V; ++j) partial = combine(partial, term(At{*this, i, j, v * V + j, cols, nullptr}));
+    });
     return group_reduce(partial, combine, group_threads);
+  }
+
+  template <int K, typename F>
+  __device__ __forceinline__ void reduce_sums(F terms_at, float (&out)[K]) const {
+    AVO_UNROLL
+    for (int k = 0; k < K; ++k) out[k] = 0.0f;
+    each_vector([&](int i, int64_t v, const Vector* cols) {
+      AVO_UNROLL
+      for (int j = 0; j < V; ++j) {
+        float terms[K];
+        terms_at(At{*this, i, j, v * V + j, cols, nullptr}, terms);
+        AVO_UNROLL
+        for (int k = 0; k < K; ++k) out[k] += terms[k];
+      }
+    });
+    group_sums(out, group_threads);
   }
 
   template <typename F>
   __device__ __forceinline__ void for_each(F body) const {
-    AVO_UNROLL
-    for (int i = 0; i < P; ++i) {
-      const int64_t v = vector_index(i);
-      if (!active || v >= vectors) continue;
+    each_vector([&](int i, int64_t v, const Vector* cols) {
       Vector staged[Args::kOutputs];
       AVO_UNROLL
-      for (int j = 0; j < V; ++j) body(At{*this, i, j, v * V + j, staged});
+      for (int j = 0; j < V; ++j) body(At{*this, i, j, v * V + j, cols, staged});
       store_output_vectors<Math>(args, r, v, staged);
-    }
+    });
   }
 
   template <int K, typename F>
   __device__ __forceinline__ void column_sums(F terms_at) const {
     if (columns == nullptr) return;
-    AVO_UNROLL
-    for (int i = 0; i < P; ++i) {
-      const int64_t v = vector_index(i);
-      if (!active || v >= vectors) continue;
+    each_vector([&](int i, int64_t v, const Vector* cols) {
       AVO_UNROLL
       for (int j = 0; j < V; ++j) {
         float terms[K];
-        terms_at(At{*this, i, j, v * V + j, nullptr}, terms);
+        terms_at(At{*this, i, j, v * V + j, cols, nullptr}, terms);
         AVO_UNROLL
         for (int k = 0; k < K; ++k) (*columns)[k][i][j] += terms[k];
       }
-    }
+    });
   }
 
   __device__ __forceinline__ void store_row(int k, float value) const {
@@ -226,17 +305,20 @@ struct StagedRow : RowView<T, Args>, Reductions<StagedRow<T, Args, Math, V>> {
 
   struct At {
     const StagedRow& row;
-    const Vector* in;  // this vector of every per-element input
+    const Vector* in;  // this vector of every per-element (and per-column) input
     int j;
-    int64_t n;
+    int64_t n;           // the element's column
     Vector* staged_out;  // for_each: the outputs of this vector, stored after the body ran
     __device__ __forceinline__ float load(int k) const { return Element<T>::to_float(in[k].v[j]); }
-    __device__ __forceinline__ float load_col(int k, float missing) const { return row.load_col(k, n, missing); }
+    __device__ __forceinline__ float load_col(int k, float missing) const {
+      if constexpr (!kVectorColumns<Math>) return row.load_col(k, n, missing);
+      return row.args.inputs[k] != nullptr ? Element<T>::to_float(in[k].v[j]) : missing;
+    }
     __device__ __forceinline__ void store(int k, float value) const { staged_out[k].v[j] = Element<T>::from_float(value); }
   };
 
   // Calls visit(i, v, in) for each of this thread's vectors, `in` holding vector v of
-  // every per-element input.
+  // every per-element input (from shared memory) and per-column input (from global).
   template <typename Visit>
   __device__ __forceinline__ void each_vector(Visit visit) const {
     AVO_UNROLL
@@ -247,6 +329,7 @@ struct StagedRow : RowView<T, Args>, Reductions<StagedRow<T, Args, Math, V>> {
       AVO_UNROLL
       for (int k = 0; k < Args::kInputs; ++k)
         if ((Math::kElementInputs >> k) & 1u) in[k] = *reinterpret_cast<const Vector*>(staged[k] + v * V);
+      load_column_vectors<Math>(args, v, in);
       visit(i, v, in);
     }
   }
@@ -259,6 +342,22 @@ struct StagedRow : RowView<T, Args>, Reductions<StagedRow<T, Args, Math, V>> {
       for (int j = 0; j < V; ++j) partial = combine(partial, term(At{*this, in, j, v * V + j, nullptr}));
     });
     return group_reduce(partial, combine, blockDim.x);
+  }
+
+  template <int K, typename F>
+  __device__ __forceinline__ void reduce_sums(F terms_at, float (&out)[K]) const {
+    AVO_UNROLL
+    for (int k = 0; k < K; ++k) out[k] = 0.0f;
+    each_vector([&](int, int64_t v, const Vector* in) {
+      AVO_UNROLL
+      for (int j = 0; j < V; ++j) {
+        float terms[K];
+        terms_at(At{*this, in, j, v * V + j, nullptr}, terms);
+        AVO_UNROLL
+        for (int k = 0; k < K; ++k) out[k] += terms[k];
+      }
+    });
+    group_sums(out, blockDim.x);
   }
 
   template <typename F>
@@ -315,6 +414,16 @@ struct GlobalRow : RowView<T, Args>, Reductions<GlobalRow<T, Args>> {
     float partial = identity;
     for (int64_t n = threadIdx.x; n < args.length; n += blockDim.x) partial = combine(partial, term(At{*this, n}));
     return group_reduce(partial, combine, blockDim.x);
+  }
+  template <int K, typename F>
+  __device__ void reduce_sums(F terms_at, float (&out)[K]) const {
+    for (int k = 0; k < K; ++k) out[k] = 0.0f;
+    for (int64_t n = threadIdx.x; n < args.length; n += blockDim.x) {
+      float terms[K];
+      terms_at(At{*this, n}, terms);
+      for (int k = 0; k < K; ++k) out[k] += terms[k];
+    }
+    group_sums(out, blockDim.x);
   }
   template <typename F>
   __device__ void for_each(F body) const {
@@ -473,26 +582,43 @@ __global__ void __launch_bounds__(kGlobalRowThreads) global_row_kernel(const Arg
     math.template apply<PrecisionFor<T>>(GlobalRow<T, Args>(args, r, chunk));
 }
 
-// Per-column outputs: each column's partials, summed in chunk order.
+// The column finish: a block takes kFinishColumns columns of one per-column output, its
+// threads split the chunks kFinishSlices ways. Few columns (short rows) leave few blocks,
+// so each thread must keep many loads in flight: its loop is unrolled 8 times, so it
+// issues 8 loads before it adds them.
+constexpr int kFinishColumns = 32;  // a warp reads one 128-byte line per chunk
+constexpr int kFinishSlices = 32;
+
+// Per-column output blockIdx.y: the partials of each column, summed over the chunks.
+// Slice s adds chunks s, s + kFinishSlices, ... in order, then slice 0 adds the slices'
+// sums in order: a fixed order for given shapes, so the result is deterministic.
 template <typename T, typename Args, typename Math>
-__global__ void __launch_bounds__(kRowBlockThreads) column_finish_kernel(const Args args) {
-  const int64_t step = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; n < args.length; n += step) {
-    for (int k = 0; k < Math::kColumnSums; ++k) {
-      T* out = static_cast<T*>(args.outputs[Math::column_output(k)]);
-      if (out == nullptr) continue;
-      float total = 0.0f;
-      for (int64_t c = 0; c < args.chunks; ++c) total += args.partials[(k * args.chunks + c) * args.length + n];
-      out[n] = Element<T>::from_float(total);
-    }
+__global__ void __launch_bounds__(kFinishColumns * kFinishSlices) column_finish_kernel(const Args args) {
+  __shared__ float slice_sums[kFinishSlices][kFinishColumns + 1];  // +1: no bank conflicts
+  const int k = blockIdx.y, column = threadIdx.x % kFinishColumns, slice = threadIdx.x / kFinishColumns;
+  T* out = static_cast<T*>(args.outputs[Math::column_output(k)]);
+  if (out == nullptr) return;  // the same for the whole block
+  const int64_t n = int64_t(blockIdx.x) * kFinishColumns + column;
+  float total = 0.0f;
+  if (n < args.length) {
+    const float* partial = args.partials + int64_t(k) * args.chunks * args.length + n;
+#pragma unroll 8
+    for (int64_t c = slice; c < args.chunks; c += kFinishSlices) total += partial[c * args.length];
   }
+  slice_sums[slice][column] = total;
+  __syncthreads();
+  if (slice != 0 || n >= args.length) return;
+  float sum = slice_sums[0][column];
+  for (int s = 1; s < kFinishSlices; ++s) sum += slice_sums[s][column];
+  out[n] = Element<T>::from_float(sum);
 }
 
-// True when every per-element tensor of the call starts `bytes`-aligned.
+// True when every per-element and per-column tensor of the call starts `bytes`-aligned.
 template <typename Math, typename Args>
 bool element_tensors_aligned(const Args& args, uintptr_t bytes) {
   for (int k = 0; k < Args::kInputs; ++k)
-    if (((Math::kElementInputs >> k) & 1u) && args.inputs[k] != nullptr && !is_aligned(args.inputs[k], bytes))
+    if (((Math::kElementInputs | Math::kColumnInputs) >> k & 1u) && args.inputs[k] != nullptr &&
+        !is_aligned(args.inputs[k], bytes))
       return false;
   for (int k = 0; k < Args::kOutputs; ++k)
     if (((Math::kElementOutputs >> k) & 1u) && args.outputs[k] != nullptr && !is_aligned(args.outputs[k], bytes))
@@ -503,10 +629,8 @@ bool element_tensors_aligned(const Args& args, uintptr_t bytes) {
 // Shared memory a block may use on the current device (beyond the 48 KiB default, on
 // request), less room for the kernels' static shared memory.
 inline size_t max_dynamic_shared_bytes() {
-  int device = 0, bytes = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  return bytes > 1024 ? size_t(bytes) - 1024 : 0;
+  const size_t bytes = current_device_info().max_shared_optin;
+  return bytes > 1024 ? bytes - 1024 : 0;
 }
 
 // A power of two of threads for `vectors` vectors, `per_thread` each.
@@ -531,13 +655,10 @@ inline RowVersion pick_row_version(int64_t vectors, bool fits_registers, bool fi
 // The threshold of `table` for the current GPU and element type T.
 template <typename T, size_t N>
 int64_t staged_min_vectors(const RowTuning (&table)[N]) {
-  int device = 0, major = 0, minor = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  const int arch = current_device_info().arch;
   constexpr int index = std::is_same<T, __half>::value ? 0 : std::is_same<T, __nv_bfloat16>::value ? 1 : 2;
   for (const RowTuning& row : table)
-    if (row.arch == major * 10 + minor || row.arch == 0) return row.staged_min_vectors[index];
+    if (row.arch == arch || row.arch == 0) return row.staged_min_vectors[index];
   return kStagedNever;
 }
 
@@ -569,8 +690,19 @@ void launch_row_op(const Args& args, const Math& math, int64_t staged_min_vector
       const int threads = threads_for(vectors, kStagedVectors) < 32 ? 32 : threads_for(vectors, kStagedVectors);
       const auto kernel = staged_row_kernel<T, Args, Math, V>;
       // Beyond 48 KiB of shared memory a kernel must ask (the limit counts its static
-      // shared memory too, so ask for every launch near it).
-      if (staged_bytes > 40 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(staged_bytes));
+      // shared memory too, so ask near it). The grant holds for later launches on the
+      // device: ask again only for more than the largest grant so far.
+      if (staged_bytes > 40 * 1024) {
+        static std::mutex lock;
+        static size_t granted[64] = {};
+        int device = 0;
+        cudaGetDevice(&device);
+        const std::lock_guard<std::mutex> guard(lock);
+        if (device < 0 || device >= 64 || staged_bytes > granted[device]) {
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(staged_bytes));
+          if (device >= 0 && device < 64) granted[device] = staged_bytes;
+        }
+      }
       const unsigned blocks = chunked ? unsigned(args.chunks)
                                       : resident_grid_size(kernel, args.rows * threads, threads, staged_bytes);
       kernel<<<blocks, threads, staged_bytes, stream>>>(args, math);
@@ -585,8 +717,8 @@ void launch_row_op(const Args& args, const Math& math, int64_t staged_min_vector
     }
   }
   if (chunked && args.length > 0) {
-    const unsigned finish_blocks = unsigned((args.length + kRowBlockThreads - 1) / kRowBlockThreads);
-    column_finish_kernel<T, Args, Math><<<finish_blocks, kRowBlockThreads, 0, stream>>>(args);
+    const dim3 finish_blocks(unsigned((args.length + kFinishColumns - 1) / kFinishColumns), Math::kColumnSums);
+    column_finish_kernel<T, Args, Math><<<finish_blocks, kFinishColumns * kFinishSlices, 0, stream>>>(args);
   }
 }
 
