@@ -65,11 +65,17 @@ def _function(s: OpSchedule) -> list[str]:
     lines += [f"    return {{{', '.join(returned)}}};", "  }", "};", ""]
     first = "Function::apply(" + arg_names + ")"
     if outputs == 1:
-        body = f"  return {first}[0];"
+        body = [f"  return {first}[0];"]
     else:
-        body = "\n".join([f"  const torch::autograd::variable_list outputs = {first};",
-                          "  return {" + ", ".join(f"outputs[{k}]" for k in range(outputs)) + "};"])
-    lines += [f"{_return_type(fwd)} autograd_kernel({_cpp_params(fwd)}) {{", body, "}", "",
+        body = [f"  const torch::autograd::variable_list outputs = {first};",
+                "  return {" + ", ".join(f"outputs[{k}]" for k in range(outputs)) + "};"]
+    tensors = ", ".join(i.name for i in fwd.inputs)
+    lines += [f"{_return_type(fwd)} autograd_kernel({_cpp_params(fwd)}) {{",
+              f"  if (!avo::autograd::needs_grad({tensors})) {{  // no graph to record",
+              "    at::AutoDispatchBelowADInplaceOrView below_autograd;",
+              f"    static const auto op = {_op_handle(fwd)};",
+              f"    return op.call({arg_names});",
+              "  }", *body, "}", "",
               f"}}  // namespace {spec.name}", ""]
     return lines
 
@@ -92,6 +98,14 @@ def emit_autograd(schedules: list[OpSchedule], namespace: str = "avo") -> str:
              "inline at::Tensor sum_to_input(const at::Tensor& gradient, const at::Tensor& input) {",
              "  if (!input.defined()) return at::Tensor();",
              "  return gradient.sizes() == input.sizes() ? gradient : gradient.sum_to_size(input.sizes());",
+             "}", "",
+             "// Whether a call records a graph: grad mode on and an input that requires grad. Calls",
+             "// that do not skip torch::autograd::Function::apply, which builds a node regardless.",
+             "inline bool requires_grad(const at::Tensor& t) { return t.defined() && t.requires_grad(); }",
+             "inline bool requires_grad(const std::optional<at::Tensor>& t) { return t.has_value() && requires_grad(*t); }",
+             "template <typename... Tensors>",
+             "bool needs_grad(const Tensors&... tensors) {",
+             "  return at::GradMode::is_enabled() && (requires_grad(tensors) || ...);",
              "}", "",
              "template <typename... Tensors>",
              "torch::autograd::variable_list as_list(const std::tuple<Tensors...>& tensors) {",

@@ -103,7 +103,7 @@ def emit_python(s: OpSchedule) -> str:
     else:
         returns = "a new contiguous tensor of the inputs' broadcast shape and dtype."
     lines += ["", "    Returns:", f"        {outs}: {returns}",
-              '    """', f"    return torch.ops.{ns}.{name}({all_inputs})", ""]
+              '    """', f"    return torch.ops.{ns}.{name}.default({all_inputs})", ""]
     return "\n".join(lines)
 
 

@@ -59,4 +59,4 @@ def add_layernorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor 
     Returns:
         hidden, y: new contiguous tensors of the inputs' dtype, shaped like the input (per row: without its last dimension).
     """
-    return torch.ops.avo.add_layernorm(x, residual, weight, bias, eps)
+    return torch.ops.avo.add_layernorm.default(x, residual, weight, bias, eps)

@@ -57,4 +57,4 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | 
     Returns:
         hidden, y: new contiguous tensors of the inputs' dtype, shaped like the input (per row: without its last dimension).
     """
-    return torch.ops.avo.add_rmsnorm(x, residual, weight, eps)
+    return torch.ops.avo.add_rmsnorm.default(x, residual, weight, eps)

@@ -61,4 +61,4 @@ def channel_norm(x: torch.Tensor, gamma: torch.Tensor | None = None, beta: torch
     Returns:
         y: new contiguous tensors of the inputs' dtype, shaped like the input (per row: without its last dimension).
     """
-    return torch.ops.avo.channel_norm(x, gamma, beta, eps, swish)
+    return torch.ops.avo.channel_norm.default(x, gamma, beta, eps, swish)

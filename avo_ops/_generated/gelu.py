@@ -57,4 +57,4 @@ def gelu(x: torch.Tensor, approximate: str = 'none') -> torch.Tensor:
     Returns:
         y: a new contiguous tensor of the inputs' broadcast shape and dtype.
     """
-    return torch.ops.avo.gelu(x, approximate)
+    return torch.ops.avo.gelu.default(x, approximate)

@@ -57,4 +57,4 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.T
     Returns:
         y: new contiguous tensors of the inputs' dtype, shaped like the input (per row: without its last dimension).
     """
-    return torch.ops.avo.layernorm(x, weight, bias, eps)
+    return torch.ops.avo.layernorm.default(x, weight, bias, eps)

@@ -56,4 +56,4 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e
     Returns:
         y: new contiguous tensors of the inputs' dtype, shaped like the input (per row: without its last dimension).
     """
-    return torch.ops.avo.rmsnorm(x, weight, eps)
+    return torch.ops.avo.rmsnorm.default(x, weight, eps)

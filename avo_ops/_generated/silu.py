@@ -52,4 +52,4 @@ def silu(x: torch.Tensor) -> torch.Tensor:
     Returns:
         y: a new contiguous tensor of the inputs' broadcast shape and dtype.
     """
-    return torch.ops.avo.silu(x)
+    return torch.ops.avo.silu.default(x)

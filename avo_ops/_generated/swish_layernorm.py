@@ -57,4 +57,4 @@ def swish_layernorm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: t
     Returns:
         y: new contiguous tensors of the inputs' dtype, shaped like the input (per row: without its last dimension).
     """
-    return torch.ops.avo.swish_layernorm(x, weight, bias, eps)
+    return torch.ops.avo.swish_layernorm.default(x, weight, bias, eps)

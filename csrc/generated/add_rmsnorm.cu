@@ -16,14 +16,14 @@ namespace avo::ops::add_rmsnorm {
 //   | kernel   | GPU                 |  float16 | bfloat16 |  float32 |
 //   | forward  | sm_90 (NVIDIA H200) |     2048 |     2048 |     2048 |
 //   | forward  | any other GPU       |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200) |    never |    never |     8192 |
+//   | backward | sm_90 (NVIDIA H200) |    never |    never |    never |
 //   | backward | any other GPU       |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
     {90, {2048, 2048, 2048}},
     {0, {avo::kStagedNever, avo::kStagedNever, avo::kStagedNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
-    {90, {avo::kStagedNever, avo::kStagedNever, 8192}},
+    {90, {avo::kStagedNever, avo::kStagedNever, avo::kStagedNever}},
     {0, {avo::kStagedNever, avo::kStagedNever, avo::kStagedNever}},
 };
 

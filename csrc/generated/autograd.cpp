@@ -25,6 +25,15 @@ inline at::Tensor sum_to_input(const at::Tensor& gradient, const at::Tensor& inp
   return gradient.sizes() == input.sizes() ? gradient : gradient.sum_to_size(input.sizes());
 }
 
+// Whether a call records a graph: grad mode on and an input that requires grad. Calls
+// that do not skip torch::autograd::Function::apply, which builds a node regardless.
+inline bool requires_grad(const at::Tensor& t) { return t.defined() && t.requires_grad(); }
+inline bool requires_grad(const std::optional<at::Tensor>& t) { return t.has_value() && requires_grad(*t); }
+template <typename... Tensors>
+bool needs_grad(const Tensors&... tensors) {
+  return at::GradMode::is_enabled() && (requires_grad(tensors) || ...);
+}
+
 template <typename... Tensors>
 torch::autograd::variable_list as_list(const std::tuple<Tensors...>& tensors) {
   return std::apply([](const auto&... t) { return torch::autograd::variable_list{t...}; }, tensors);
@@ -53,6 +62,11 @@ class Function : public torch::autograd::Function<Function> {
 };
 
 std::tuple<at::Tensor, at::Tensor> autograd_kernel(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+  if (!avo::autograd::needs_grad(x, residual, weight, bias)) {  // no graph to record
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_layernorm", "").typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
+    return op.call(x, residual, weight, bias, eps);
+  }
   const torch::autograd::variable_list outputs = Function::apply(x, residual, weight, bias, eps);
   return {outputs[0], outputs[1]};
 }
@@ -82,6 +96,11 @@ class Function : public torch::autograd::Function<Function> {
 };
 
 std::tuple<at::Tensor, at::Tensor> autograd_kernel(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
+  if (!avo::autograd::needs_grad(x, residual, weight)) {  // no graph to record
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_rmsnorm", "").typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double)>();
+    return op.call(x, residual, weight, eps);
+  }
   const torch::autograd::variable_list outputs = Function::apply(x, residual, weight, eps);
   return {outputs[0], outputs[1]};
 }
@@ -112,6 +131,11 @@ class Function : public torch::autograd::Function<Function> {
 };
 
 at::Tensor autograd_kernel(const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
+  if (!avo::autograd::needs_grad(x, gamma, beta)) {  // no graph to record
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::channel_norm", "").typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double, bool)>();
+    return op.call(x, gamma, beta, eps, swish);
+  }
   return Function::apply(x, gamma, beta, eps, swish)[0];
 }
 
@@ -140,6 +164,11 @@ class Function : public torch::autograd::Function<Function> {
 };
 
 at::Tensor autograd_kernel(const at::Tensor& x, c10::string_view approximate) {
+  if (!avo::autograd::needs_grad(x)) {  // no graph to record
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::gelu", "").typed<at::Tensor(const at::Tensor&, c10::string_view)>();
+    return op.call(x, approximate);
+  }
   return Function::apply(x, approximate)[0];
 }
 
@@ -168,6 +197,11 @@ class Function : public torch::autograd::Function<Function> {
 };
 
 at::Tensor autograd_kernel(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+  if (!avo::autograd::needs_grad(x, weight, bias)) {  // no graph to record
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::layernorm", "").typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
+    return op.call(x, weight, bias, eps);
+  }
   return Function::apply(x, weight, bias, eps)[0];
 }
 
@@ -195,6 +229,11 @@ class Function : public torch::autograd::Function<Function> {
 };
 
 at::Tensor autograd_kernel(const at::Tensor& x) {
+  if (!avo::autograd::needs_grad(x)) {  // no graph to record
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::log_softmax", "").typed<at::Tensor(const at::Tensor&)>();
+    return op.call(x);
+  }
   return Function::apply(x)[0];
 }
 
@@ -223,6 +262,11 @@ class Function : public torch::autograd::Function<Function> {
 };
 
 at::Tensor autograd_kernel(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
+  if (!avo::autograd::needs_grad(x, weight)) {  // no graph to record
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::rmsnorm", "").typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, double)>();
+    return op.call(x, weight, eps);
+  }
   return Function::apply(x, weight, eps)[0];
 }
 
@@ -250,6 +294,11 @@ class Function : public torch::autograd::Function<Function> {
 };
 
 at::Tensor autograd_kernel(const at::Tensor& x) {
+  if (!avo::autograd::needs_grad(x)) {  // no graph to record
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::silu", "").typed<at::Tensor(const at::Tensor&)>();
+    return op.call(x);
+  }
   return Function::apply(x)[0];
 }
 
@@ -277,6 +326,11 @@ class Function : public torch::autograd::Function<Function> {
 };
 
 at::Tensor autograd_kernel(const at::Tensor& x) {
+  if (!avo::autograd::needs_grad(x)) {  // no graph to record
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::softmax", "").typed<at::Tensor(const at::Tensor&)>();
+    return op.call(x);
+  }
   return Function::apply(x)[0];
 }
 
@@ -305,6 +359,11 @@ class Function : public torch::autograd::Function<Function> {
 };
 
 at::Tensor autograd_kernel(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+  if (!avo::autograd::needs_grad(x, weight, bias)) {  // no graph to record
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::swish_layernorm", "").typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
+    return op.call(x, weight, bias, eps);
+  }
   return Function::apply(x, weight, bias, eps)[0];
 }
 

@@ -16,14 +16,14 @@ namespace avo::ops::rmsnorm {
 //   | kernel   | GPU                 |  float16 | bfloat16 |  float32 |
 //   | forward  | sm_90 (NVIDIA H200) |     4096 |     4096 |     4096 |
 //   | forward  | any other GPU       |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200) |      128 |      128 |    never |
+//   | backward | sm_90 (NVIDIA H200) |       64 |      128 |    never |
 //   | backward | any other GPU       |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
     {90, {4096, 4096, 4096}},
     {0, {avo::kStagedNever, avo::kStagedNever, avo::kStagedNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
-    {90, {128, 128, avo::kStagedNever}},
+    {90, {64, 128, avo::kStagedNever}},
     {0, {avo::kStagedNever, avo::kStagedNever, avo::kStagedNever}},
 };
 

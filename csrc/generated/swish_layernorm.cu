@@ -16,14 +16,14 @@ namespace avo::ops::swish_layernorm {
 //   | kernel   | GPU                 |  float16 | bfloat16 |  float32 |
 //   | forward  | sm_90 (NVIDIA H200) |    never |    never |    never |
 //   | forward  | any other GPU       |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200) |      128 |      128 |     1024 |
+//   | backward | sm_90 (NVIDIA H200) |      128 |    never |      128 |
 //   | backward | any other GPU       |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
     {90, {avo::kStagedNever, avo::kStagedNever, avo::kStagedNever}},
     {0, {avo::kStagedNever, avo::kStagedNever, avo::kStagedNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
-    {90, {128, 128, 1024}},
+    {90, {128, avo::kStagedNever, 128}},
     {0, {avo::kStagedNever, avo::kStagedNever, avo::kStagedNever}},
 };
 
