@@ -2,11 +2,11 @@
 
 Importing the package loads the compiled extension (`avo_ops._C`), whose static
 initializers register every op under `torch.ops.avo`, then the generated Python glue
-(fake implementations, autograd, functional API).
+(fake implementations, autograd.Function classes, functional API).
 
     import torch, avo_ops
     y = torch.ops.avo.gelu(x)          # the registered op
-    y = avo_ops.gelu(x, "tanh")        # the functional API (an autograd.Function)
+    y = avo_ops.gelu(x, "tanh")        # the functional API (the same op)
     norm = avo_ops.nn.LayerNorm(1024)  # drop-in modules
     report = avo_ops.patch(model)      # swap them into a built model (avo_ops.unpatch undoes it)
 """

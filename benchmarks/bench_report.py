@@ -2,13 +2,17 @@
 """Tables and plots of bench_ops.py results; works from the saved JSON alone (no GPU, no
 torch).
 
-    python benchmarks/bench_report.py RESULTS.json [--out DIR] [--no-plots]
+    python benchmarks/bench_report.py RESULTS.json [--out DIR] [--no-plots] [--baselines OTHER.json]
 
 writes DIR/results.md and DIR/plots/<op>_<dir>.png (DIR defaults to the JSON's folder) and
 prints the text table. The plots need matplotlib (requirements-bench.txt): GB/s against the
 row length N on a log2 axis, one line per implementation, a dashed line at the device copy
 bandwidth, one PNG per op and direction with one panel per dtype. Where several shapes of a
 run share a row length, the plot keeps the one with the most elements.
+
+--baselines takes the implementations this run did not measure (say torch.compile and
+Liger, skipped to save time) from OTHER.json, a run of the same cases on the same GPU; the
+report says which run they come from.
 """
 from __future__ import annotations
 
@@ -20,6 +24,10 @@ import sys
 from typing import Optional, Sequence
 
 IMPLS = ("avo", "eager", "compile", "liger")
+ELEMENTWISE_OPS = ("gelu", "gelu_tanh", "silu")  # the other ops are norms and softmaxes
+# The performance targets: forwards at this fraction of the copy bandwidth or more,
+# backwards at this one, and no row more than this much slower than the best other.
+FORWARD_TARGET, BACKWARD_TARGET, BEST_SLACK = 0.90, 0.80, 0.03
 DTYPE_ORDER = ("bf16", "fp16", "fp32")
 COLORS = {"avo": "tab:red", "eager": "tab:blue", "compile": "tab:green", "liger": "tab:orange"}
 
@@ -54,6 +62,57 @@ def impls_of(results: dict) -> list[str]:
     for row in results["rows"]:
         seen.update(row["results"])
     return [i for i in IMPLS if i in seen]
+
+
+def case_key(row: dict) -> tuple:
+    return row["op"], row["dir"], row["dtype"], tuple(row["shape"])
+
+
+def merge_baselines(results: dict, other: dict) -> dict:
+    """`results` with the implementations its rows lack taken from `other` (matched by op,
+    direction, dtype and shape) and the speedups recomputed; `baselines_from` names the
+    other run."""
+    theirs = {case_key(r): r["results"] for r in other["rows"]}
+    rows = []
+    for row in results["rows"]:
+        merged = dict(row["results"])
+        for impl, value in theirs.get(case_key(row), {}).items():
+            if impl != "avo" and impl not in merged:
+                merged[impl] = value
+        rows.append({**row, "results": merged, "speedup_vs_best_other": speedup(merged)})
+    source = {k: other.get(k) for k in ("date", "command", "avo_ops_commit", "copy_gbps", "liger")}
+    impls = [i for i in IMPLS if i in set(results.get("impls") or []) | set(other.get("impls") or [])]
+    return {**results, "rows": rows, "impls": impls, "baselines_from": source}
+
+
+def geomean(values: Sequence[float]) -> Optional[float]:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def target_lines(results: dict) -> list[str]:
+    """Markdown bullets: the rows that meet each performance target, and the geometric
+    mean of avo over torch.compile on the norm/softmax rows and on the elementwise rows."""
+    rows = [r for r in results["rows"] if r["results"].get("avo", {}).get("frac_copy") is not None]
+    lines = []
+    for direction, target in (("fwd", FORWARD_TARGET), ("bwd", BACKWARD_TARGET)):
+        group = [r for r in rows if r["dir"] == direction]
+        met = [r for r in group if r["results"]["avo"]["frac_copy"] >= target]
+        lines.append(f"- {'Forwards' if direction == 'fwd' else 'Backwards'} at ≥ {target:.0%} of copy: "
+                     f"{len(met)} of {len(group)}.")
+    compared = [r for r in rows if r.get("speedup_vs_best_other")]
+    close = [r for r in compared if r["speedup_vs_best_other"] >= 1 - BEST_SLACK]
+    lines.append(f"- Within {BEST_SLACK:.0%} of the best other implementation or faster: "
+                 f"{len(close)} of {len(compared)}.")
+    for label, pick in (("norm and softmax rows", lambda r: r["op"] not in ELEMENTWISE_OPS),
+                        ("norm and softmax rows with N ≤ 16384",
+                         lambda r: r["op"] not in ELEMENTWISE_OPS and row_length(r) <= 16384),
+                        ("elementwise rows", lambda r: r["op"] in ELEMENTWISE_OPS)):
+        ratios = [r["results"]["avo"]["gbps"] / gbps(r, "compile") for r in rows
+                  if pick(r) and gbps(r, "compile")]
+        if ratios:
+            lines.append(f"- Geometric mean of avo over torch.compile, {label}: {geomean(ratios):.2f}x "
+                         f"({len(ratios)} rows).")
+    return lines
 
 
 def fmt_shape(shape: Sequence[int]) -> str:
@@ -150,8 +209,8 @@ def markdown_report(results: dict) -> str:
     versions = [f"torch {results.get('torch')}", f"CUDA {results.get('cuda')}"]
     if results.get("triton"):
         versions.append(f"triton {results['triton']}")
-    versions.append(f"Liger-Kernel {results['liger']}" if results.get("liger")
-                    else "Liger-Kernel not run")
+    liger = results.get("liger") or (results.get("baselines_from") or {}).get("liger")
+    versions.append(f"Liger-Kernel {liger}" if liger else "Liger-Kernel not run")
     if results.get("python"):
         versions.append(f"Python {results['python']}")
     l2 = results.get("l2_bytes")
@@ -175,6 +234,11 @@ def markdown_report(results: dict) -> str:
         + (f" ({results['wall_s']:.0f} s)" if results.get("wall_s") else ""),
         "",
     ]
+    source = results.get("baselines_from")
+    if source:
+        lines += [f"The {', '.join(i for i in impls if i not in ('avo', 'eager'))} columns come from another run "
+                  f"of the same cases on this GPU ({source.get('date')}, avo_ops {source.get('avo_ops_commit')}, "
+                  f"copy {source.get('copy_gbps') or 0:.0f} GB/s): `{source.get('command')}`.", ""]
     if results.get("complete") is False:
         lines += [f"**Incomplete run**: {len(rows)} of {results.get('cases_planned', '?')} "
                   "cases (see the notices).", ""]
@@ -194,6 +258,7 @@ def markdown_report(results: dict) -> str:
                                         [r for r in group if r["dtype"] == dtype]))
     lines += md_table(["op", "dir", "dtype", "N", "avo/copy", "avo vs best (geomean)",
                        "worst", "best", "avo fastest"], summary)
+    lines += ["", "## Against the performance targets", ""] + target_lines(results)
 
     for op, direction in ordered_groups(rows):
         lines += ["", f"## {op} {direction}", ""]
@@ -290,9 +355,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("json", help="results.json written by bench_ops.py")
     p.add_argument("--out", metavar="DIR", help="output folder (default: the JSON's folder)")
     p.add_argument("--no-plots", action="store_true", help="only the Markdown")
+    p.add_argument("--baselines", metavar="JSON",
+                   help="take the implementations this run lacks from another run's JSON")
     args = p.parse_args(argv)
     with open(args.json) as f:
         results = json.load(f)
+    if args.baselines:
+        with open(args.baselines) as f:
+            results = merge_baselines(results, json.load(f))
     out = args.out or os.path.dirname(os.path.abspath(args.json))
     os.makedirs(out, exist_ok=True)
     written = [os.path.join(out, "results.md")]

@@ -187,6 +187,41 @@ def png_size(path: str) -> tuple[int, int]:
     return struct.unpack(">II", head[16:24])
 
 
+def test_target_lines_count_the_rows_that_meet_each_target():
+    """Synthetic avo: 1000/2000/3000 GB/s at N = 256/4096/65536 against a 4000 GB/s copy;
+    compile 2000 GB/s, Liger 2500 (layernorm only, none at 65536): within 3% are the
+    N = 65536 rows and gelu at N = 4096 (as fast as compile)."""
+    lines = bench_report.target_lines(synthetic_results())
+    assert lines[0] == "- Forwards at ≥ 90% of copy: 0 of 12."
+    assert lines[1] == "- Backwards at ≥ 80% of copy: 0 of 6."
+    assert lines[2] == "- Within 3% of the best other implementation or faster: 8 of 18."
+    assert lines[3] == "- Geometric mean of avo over torch.compile, norm and softmax rows: 0.91x (12 rows)."
+    assert lines[4] == ("- Geometric mean of avo over torch.compile, norm and softmax rows with N ≤ 16384: "
+                        "0.71x (8 rows).")
+    assert lines[5] == "- Geometric mean of avo over torch.compile, elementwise rows: 0.91x (6 rows)."
+
+
+def test_baselines_from_another_run_fill_the_missing_implementations(tmp_path):
+    full = synthetic_results()
+    quick = json.loads(json.dumps(full))  # a run without compile and Liger
+    quick["impls"] = ["avo", "eager"]
+    quick["command"] = "bench_ops.py --no-compile --no-liger"
+    for row in quick["rows"]:
+        row["results"] = {k: v for k, v in row["results"].items() if k in ("avo", "eager")}
+        row["speedup_vs_best_other"] = bench_report.speedup(row["results"])
+    merged = bench_report.merge_baselines(quick, full)
+    assert [r["results"] for r in merged["rows"]] == [r["results"] for r in full["rows"]]
+    assert [r["speedup_vs_best_other"] for r in merged["rows"]] == [r["speedup_vs_best_other"] for r in full["rows"]]
+    assert merged["impls"] == ["avo", "eager", "compile", "liger"]
+    md = bench_report.markdown_report(merged)
+    assert "The compile, liger columns come from another run" in md and "`bench_ops.py --out x`" in md
+    (tmp_path / "quick.json").write_text(json.dumps(quick))
+    (tmp_path / "full.json").write_text(json.dumps(full))
+    assert bench_report.main([str(tmp_path / "quick.json"), "--baselines", str(tmp_path / "full.json"),
+                              "--no-plots"]) == 0
+    assert (tmp_path / "results.md").read_text() == md
+
+
 def test_plots_of_a_synthetic_run_and_replot_from_json(tmp_path):
     pytest.importorskip("matplotlib")
     results = synthetic_results()
