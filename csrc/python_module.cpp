@@ -17,7 +17,7 @@ PyObject* built_with_cuda(PyObject*, PyObject*) {
 #endif
 }
 
-// set_row_version(name): "auto", "register", "staged" or "global".
+// set_row_version(name): "auto", "register", "staged", "cluster" or "global".
 PyObject* set_row_version(PyObject*, PyObject* arg) {
   const char* name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : nullptr;
   if (name == nullptr) {
@@ -30,6 +30,7 @@ PyObject* set_row_version(PyObject*, PyObject* arg) {
   } versions[] = {{"auto", avo::RowVersion::kAuto},
                   {"register", avo::RowVersion::kRegister},
                   {"staged", avo::RowVersion::kStaged},
+                  {"cluster", avo::RowVersion::kCluster},
                   {"global", avo::RowVersion::kGlobal}};
   for (const auto& v : versions) {
     if (std::strcmp(name, v.name) == 0) {
@@ -38,14 +39,16 @@ PyObject* set_row_version(PyObject*, PyObject* arg) {
     }
   }
   PyErr_Format(PyExc_ValueError,
-               "set_row_version: unknown version '%s'; expected 'auto', 'register', 'staged' or 'global'", name);
+               "set_row_version: unknown version '%s'; expected 'auto', 'register', 'staged', 'cluster' or 'global'",
+               name);
   return nullptr;
 }
 
 PyMethodDef methods[] = {
     {"built_with_cuda", built_with_cuda, METH_NOARGS, "True when the extension has CUDA kernels."},
     {"set_row_version", set_row_version, METH_O,
-     "Makes every CUDA row-op call take one kernel version ('register', 'staged', 'global') where it can, "
+     "Makes every CUDA row-op call take one kernel version ('register', 'staged', 'cluster', 'global') where "
+     "it can, "
      "or the dispatch table's choice ('auto'). For tests and benchmarks."},
     {nullptr, nullptr, 0, nullptr},
 };

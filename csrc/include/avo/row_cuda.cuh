@@ -13,6 +13,10 @@
 //    its per-element inputs are copied into shared memory with cp.async, kStages rows
 //    at a time, so that the next rows arrive while the block computes the current one.
 //    Every pass over the row then reads shared memory.
+//  - ClusterRow (RegisterRow<..., true>), for rows registers of one block cannot hold
+//    (sm_90): the row is split over the 2 to 8 blocks of a thread-block cluster, each
+//    block holding its part in registers; reductions combine the blocks through
+//    distributed shared memory.
 //  - GlobalRow, for the rest: a block per row, each pass reading the row from global
 //    memory again (from L2 after the first pass).
 //
@@ -23,6 +27,7 @@
 // the chunks' partials in chunk order. No atomics.
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <mutex>
@@ -85,6 +90,35 @@ __device__ __forceinline__ void group_sums(float (&values)[K], int group_threads
   }
 }
 
+// Combines values[k] (the same in every thread of a block) over the blocks of the
+// thread-block cluster: thread 0 of each block publishes its values in its shared memory,
+// the cluster synchronises, and every thread reads the blocks' values through distributed
+// shared memory in rank order (the same order in every block: deterministic). Two slots
+// in turn: a block writes a slot again two exchanges later, after a cluster barrier that
+// every block reaches only once it has read that slot. `exchanges` counts them per thread.
+template <int K, typename Combine>
+__device__ __forceinline__ void cluster_combine(float (&values)[K], Combine combine, unsigned& exchanges) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  __shared__ float published[2][K];
+  const cg::cluster_group cluster = cg::this_cluster();
+  float* slot = published[exchanges & 1u];
+  ++exchanges;
+  if (threadIdx.x == 0) {
+    AVO_UNROLL
+    for (int k = 0; k < K; ++k) slot[k] = values[k];
+  }
+  cluster.sync();
+  const unsigned blocks = cluster.num_blocks();
+  AVO_UNROLL
+  for (int k = 0; k < K; ++k) {
+    float total = cluster.map_shared_rank(slot, 0u)[k];
+    for (unsigned b = 1; b < blocks; ++b) total = combine(total, cluster.map_shared_rank(slot, b)[k]);
+    values[k] = total;
+  }
+#endif
+}
+
 struct Plus {
   __device__ float operator()(float a, float b) const { return a + b; }
 };
@@ -137,11 +171,12 @@ constexpr bool kVectorColumns = Math::kColumnSums > 0;
 // read are dead code and dropped by the compiler.
 template <typename Math, typename T, typename Args, int V>
 __device__ __forceinline__ void load_column_vectors(const Args& args, int64_t v, Vec<T, V> (&columns)[Args::kInputs]) {
-  if constexpr (!kVectorColumns<Math>) return;
-  AVO_UNROLL
-  for (int k = 0; k < Args::kInputs; ++k) {
-    if (!((Math::kColumnInputs >> k) & 1u) || args.inputs[k] == nullptr) continue;
-    columns[k] = load_vec<V>(static_cast<const T*>(args.inputs[k]) + v * V);
+  if constexpr (kVectorColumns<Math>) {
+    AVO_UNROLL
+    for (int k = 0; k < Args::kInputs; ++k) {
+      if (!((Math::kColumnInputs >> k) & 1u) || args.inputs[k] == nullptr) continue;
+      columns[k] = load_vec<V>(static_cast<const T*>(args.inputs[k]) + v * V);
+    }
   }
 }
 
@@ -152,9 +187,10 @@ constexpr int kRowVectors = Math::kColumnSums > 0 ? 2 : 4;
 template <typename Math>
 constexpr int kMaxGroupThreads = Math::kColumnSums > 0 || (Math::kElementInputs & (Math::kElementInputs - 1)) ? 512 : 1024;
 
-// A row held in registers by a group of threads (see the top of this file).
-template <typename T, typename Args, typename Math, int V>
-struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V>> {
+// A row held in registers by a group of threads (see the top of this file); with
+// kClustered the group is every thread of a thread-block cluster.
+template <typename T, typename Args, typename Math, int V, bool kClustered = false>
+struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, kClustered>> {
   static constexpr int P = kRowVectors<Math>;
   using RowView<T, Args>::args;
   using RowView<T, Args>::r;
@@ -168,12 +204,13 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V>>
   int group_threads;
   int64_t vectors;      // vectors of V elements per row
   ColumnSums* columns;  // nullptr when the call wants no per-column outputs
+  unsigned* exchanges;  // kClustered: the cluster exchanges so far (cluster_combine)
   Vector cache[Args::kInputs][P];
 
   __device__ __forceinline__ RegisterRow(const Args& a, int64_t row, bool is_active, int group_lane, int threads,
-                                         ColumnSums* column_sums)
+                                         ColumnSums* column_sums, unsigned* exchange_count = nullptr)
       : RowView<T, Args>(a, row), active(is_active), lane(group_lane), group_threads(threads),
-        vectors(a.length / V), columns(column_sums) {
+        vectors(a.length / V), columns(column_sums), exchanges(exchange_count) {
     AVO_UNROLL
     for (int k = 0; k < Args::kInputs; ++k) {
       if (!((Math::kElementInputs >> k) & 1u)) continue;
@@ -224,6 +261,11 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V>>
       AVO_UNROLL
       for (int j = 0; j < V; ++j) partial = combine(partial, term(At{*this, i, j, v * V + j, cols, nullptr}));
     });
+    if constexpr (kClustered) {
+      float value[1] = {group_reduce(partial, combine, int(blockDim.x))};
+      cluster_combine(value, combine, *exchanges);
+      return value[0];
+    }
     return group_reduce(partial, combine, group_threads);
   }
 
@@ -240,7 +282,12 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V>>
         for (int k = 0; k < K; ++k) out[k] += terms[k];
       }
     });
-    group_sums(out, group_threads);
+    if constexpr (kClustered) {
+      group_sums(out, int(blockDim.x));
+      cluster_combine(out, Plus{}, *exchanges);
+    } else {
+      group_sums(out, group_threads);
+    }
   }
 
   template <typename F>
@@ -498,6 +545,46 @@ __global__ void __launch_bounds__(kMaxGroupThreads<Math>) register_row_kernel(co
   if (chunk < args.chunks) write_partials<Math, Args, Row::P, V>(args, sums, chunk, group_threads, lane);
 }
 
+// A row over the blocks of a thread-block cluster: block `rank` of the cluster holds the
+// vectors i * (C * B) + rank * B + t, as RegisterRow does for a group of C * B threads.
+// Cluster q takes rows q, q + clusters, ...; with per-column sums cluster c takes chunk c.
+template <typename T, typename Args, typename Math, int V>
+__global__ void __launch_bounds__(kMaxGroupThreads<Math>) cluster_row_kernel(const Args args, const Math math) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Row = RegisterRow<T, Args, Math, V, true>;
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int blocks = int(cluster.num_blocks());
+  const int threads = blocks * int(blockDim.x);
+  const int lane = int(cluster.block_rank()) * int(blockDim.x) + int(threadIdx.x);
+  const int64_t cluster_index = blockIdx.x / blocks, clusters = gridDim.x / blocks;
+  unsigned exchanges = 0;
+  if (!wants_column_sums<Math>(args)) {
+    for (int64_t r = cluster_index; r < args.rows; r += clusters)
+      math.template apply<PrecisionFor<T>>(Row(args, r, true, lane, threads, nullptr, &exchanges));
+  } else {
+    typename Row::ColumnSums sums = {};
+    for (int64_t i = 0; i < args.rows_per_chunk; ++i) {
+      const int64_t r = cluster_index * args.rows_per_chunk + i;
+      if (r >= args.rows) break;  // the same for the whole cluster
+      math.template apply<PrecisionFor<T>>(Row(args, r, true, lane, threads, &sums, &exchanges));
+    }
+    write_partials<Math, Args, Row::P, V>(args, sums, cluster_index, threads, lane);
+  }
+  cluster.sync();  // no block may leave while another still reads its shared memory
+#endif
+}
+
+// Blocks in a cluster at most (the portable limit) and the block size of a cluster row
+// launch: `threads` (a power of two) over at least two blocks, as few as the block size
+// allows.
+constexpr int kMaxClusterBlocks = 8;
+template <typename Math>
+int cluster_block_threads(int64_t threads) {
+  const int64_t half = threads / 2 < 32 ? 32 : threads / 2;
+  return int(half < kMaxGroupThreads<Math> ? half : kMaxGroupThreads<Math>);
+}
+
 // Bytes of shared memory a StagedRow block needs: kStages rows of every per-element input.
 template <typename T, typename Math>
 size_t staged_row_bytes(int64_t length) {
@@ -643,13 +730,51 @@ inline int threads_for(int64_t vectors, int per_thread) {
 // The version a call takes (see the top of this file): StagedRow for rows of at least
 // `staged_min_vectors` vectors (the generated, measured table), or that registers cannot
 // hold; else RegisterRow; GlobalRow for what neither takes.
-inline RowVersion pick_row_version(int64_t vectors, bool fits_registers, bool fits_staged, int64_t staged_min_vectors) {
+inline RowVersion pick_row_version(int64_t vectors, bool fits_registers, bool fits_staged, bool fits_cluster,
+                                   int64_t staged_min_vectors) {
   const RowVersion forced = forced_row_version();
   if (forced == RowVersion::kRegister && fits_registers) return RowVersion::kRegister;
   if (forced == RowVersion::kStaged && fits_staged) return RowVersion::kStaged;
+  if (forced == RowVersion::kCluster && fits_cluster) return RowVersion::kCluster;
   if (forced == RowVersion::kGlobal) return RowVersion::kGlobal;
   if (fits_staged && (vectors >= staged_min_vectors || !fits_registers)) return RowVersion::kStaged;
-  return fits_registers ? RowVersion::kRegister : RowVersion::kGlobal;
+  if (fits_registers) return RowVersion::kRegister;
+  return fits_cluster ? RowVersion::kCluster : RowVersion::kGlobal;
+}
+
+// Launches cluster_row_kernel for rows of `vectors` vectors over clusters of `blocks`
+// blocks of `threads`; false when the GPU cannot run such clusters (the caller then takes
+// another version).
+template <typename T, typename Args, typename Math, int V>
+bool launch_cluster_rows(const Args& args, const Math& math, int64_t vectors, bool chunked, cudaStream_t stream,
+                         bool dry_run) {
+  if (current_device_info().arch < 90) return false;
+  const int64_t threads = threads_for(vectors, kRowVectors<Math>);
+  const int block = cluster_block_threads<Math>(threads);
+  const int64_t blocks = (threads + block - 1) / block < 2 ? 2 : (threads + block - 1) / block;
+  if (blocks > kMaxClusterBlocks) return false;
+  const auto kernel = cluster_row_kernel<T, Args, Math, V>;
+  cudaLaunchAttribute cluster_shape[1] = {};
+  cluster_shape[0].id = cudaLaunchAttributeClusterDimension;
+  cluster_shape[0].val.clusterDim.x = unsigned(blocks);
+  cluster_shape[0].val.clusterDim.y = 1;
+  cluster_shape[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.blockDim = dim3(unsigned(block));
+  config.gridDim = dim3(unsigned(blocks));
+  config.stream = stream;
+  config.attrs = cluster_shape;
+  config.numAttrs = 1;
+  int resident = 0;
+  if (cudaOccupancyMaxActiveClusters(&resident, kernel, &config) != cudaSuccess || resident < 1) {
+    cudaGetLastError();  // the query's error is an answer here, not a failure of the call
+    return false;
+  }
+  if (dry_run) return true;
+  const int64_t clusters = chunked ? args.chunks : (args.rows < resident ? args.rows : resident);
+  config.gridDim = dim3(unsigned(clusters * blocks));
+  cudaLaunchKernelEx(&config, kernel, args, math);
+  return true;
 }
 
 // The threshold of `table` for the current GPU and element type T.
@@ -675,7 +800,12 @@ void launch_row_op(const Args& args, const Math& math, int64_t staged_min_vector
   const size_t staged_bytes = staged_row_bytes<T, Math>(args.length);
   const bool fits_staged = vectorized && vectors <= int64_t(kStagedVectors) * kMaxGroupThreads<Math> &&
                            staged_bytes <= max_dynamic_shared_bytes();
-  switch (pick_row_version(vectors, fits_registers, fits_staged, staged_min_vectors)) {
+  // Asked only where it could be chosen: the occupancy query costs host time.
+  const bool may_cluster = forced_row_version() == RowVersion::kCluster || (!fits_registers && !fits_staged);
+  const bool fits_cluster =
+      may_cluster && (vectorized ? launch_cluster_rows<T, Args, Math, V>(args, math, vectors, chunked, stream, true)
+                                 : launch_cluster_rows<T, Args, Math, 1>(args, math, vectors, chunked, stream, true));
+  switch (pick_row_version(vectors, fits_registers, fits_staged, fits_cluster, staged_min_vectors)) {
     case RowVersion::kRegister: {
       const int group = threads_for(vectors, kRowVectors<Math>);
       const int block = group < kRowBlockThreads ? kRowBlockThreads : group;
@@ -708,6 +838,10 @@ void launch_row_op(const Args& args, const Math& math, int64_t staged_min_vector
       kernel<<<blocks, threads, staged_bytes, stream>>>(args, math);
       break;
     }
+    case RowVersion::kCluster:
+      if (vectorized) launch_cluster_rows<T, Args, Math, V>(args, math, vectors, chunked, stream, false);
+      else launch_cluster_rows<T, Args, Math, 1>(args, math, vectors, chunked, stream, false);
+      break;
     default: {  // RowVersion::kGlobal
       const auto kernel = global_row_kernel<T, Args, Math>;
       const unsigned blocks = chunked ? unsigned(args.chunks)

@@ -21,7 +21,7 @@ struct RowTuning {
 // Staged only for rows that registers cannot hold.
 constexpr int64_t kStagedNever = INT64_MAX;
 
-enum class RowVersion { kAuto = -1, kRegister, kStaged, kGlobal };
+enum class RowVersion { kAuto = -1, kRegister, kStaged, kCluster, kGlobal };
 
 // The process-wide choice. A forced version that a call cannot take (a row too long
 // for registers, say) is ignored for that call.
