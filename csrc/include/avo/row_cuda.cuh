@@ -1,4 +1,4 @@
-// The row kernels on the GPU. launch_row_op picks one of three versions per call, from
+// The row kernels on the GPU. launch_row_op picks one of four versions per call, from
 // the row length, the dtype and the alignment of the rows (the table is in
 // pick_row_version, below):
 //
@@ -13,10 +13,10 @@
 //    its per-element inputs are copied into shared memory with cp.async, kStages rows
 //    at a time, so that the next rows arrive while the block computes the current one.
 //    Every pass over the row then reads shared memory.
-//  - ClusterRow (RegisterRow<..., true>), for rows registers of one block cannot hold
-//    (sm_90): the row is split over the 2 to 8 blocks of a thread-block cluster, each
-//    block holding its part in registers; reductions combine the blocks through
-//    distributed shared memory.
+//  - Cluster rows (RegisterRow with kClustered, cluster_row_kernel), for rows the
+//    registers of one block cannot hold (sm_90): the row is split over the 2 to 8 blocks
+//    of a thread-block cluster, each block holding its part in registers; reductions
+//    combine the blocks through distributed shared memory.
 //  - GlobalRow, for the rest: a block per row, each pass reading the row from global
 //    memory again (from L2 after the first pass).
 //
