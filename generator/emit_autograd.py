@@ -75,7 +75,18 @@ def _function(s: OpSchedule) -> list[str]:
               "    at::AutoDispatchBelowADInplaceOrView below_autograd;",
               f"    static const auto op = {_op_handle(fwd)};",
               f"    return op.call({arg_names});",
-              "  }", *body, "}", "",
+              "  }", *body, "}", ""]
+    backward_args = ", ".join([i.name for i in bwd.inputs] + [a.name for a in attrs])
+    backward_tensors = ", ".join(i.name for i in bwd.inputs)
+    lines += ["// The backward has no derivative of its own: a call that would record a graph (a double",
+              "// backward, create_graph=True) raises instead of giving zero second derivatives.",
+              f"{_return_type(bwd)} backward_autograd_kernel({_cpp_params(bwd)}) {{",
+              f"  TORCH_CHECK(!avo::autograd::needs_grad({backward_tensors}), \"{bwd.qualified_name} is not differentiable: \"",
+              f"              \"{fwd.qualified_name} has first derivatives only (no double backward, no create_graph=True)\");",
+              "  at::AutoDispatchBelowADInplaceOrView below_autograd;",
+              f"  static const auto op = {_op_handle(bwd)};",
+              f"  return op.call({backward_args});",
+              "}", "",
               f"}}  // namespace {spec.name}", ""]
     return lines
 
@@ -115,6 +126,8 @@ def emit_autograd(schedules: list[OpSchedule], namespace: str = "avo") -> str:
         lines += _function(s)
     lines += [f"}}  // namespace avo::autograd", "",
               f"TORCH_LIBRARY_IMPL({namespace}, Autograd, m) {{"]
-    lines += [f'  m.impl("{s.spec.name}", &avo::autograd::{s.spec.name}::autograd_kernel);' for s in schedules]
+    for s in schedules:
+        lines += [f'  m.impl("{s.spec.name}", &avo::autograd::{s.spec.name}::autograd_kernel);',
+                  f'  m.impl("{s.backward.registered_name}", &avo::autograd::{s.spec.name}::backward_autograd_kernel);']
     lines += ["}", ""]
     return "\n".join(lines)

@@ -150,6 +150,17 @@ def test_graph_is_recorded_only_when_a_gradient_is_wanted(device):
     torch.testing.assert_close(z, y.detach(), rtol=0, atol=0)
 
 
+def test_double_backward_raises_naming_the_op(device):
+    """The backward ops have no derivative: create_graph=True must fail loudly, not give
+    zero second derivatives. A first backward is unaffected."""
+    x = make_input((4, 33), torch.float32, device, requires_grad=True)
+    (grad,) = torch.autograd.grad(torch.ops.avo.silu(x).sum(), x)
+    torch.testing.assert_close(grad, torch.autograd.grad(F.silu(x).sum(), x)[0])
+    with pytest.raises(RuntimeError, match=r"avo::silu_backward is not differentiable: avo::silu has first "
+                                           r"derivatives only \(no double backward"):
+        torch.autograd.grad(torch.ops.avo.silu(x).sum(), x, create_graph=True)
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_gradient_of_non_contiguous_input(case, device, dtype):
     x = make_input((40, 33), dtype, device).t().requires_grad_(True)

@@ -71,6 +71,16 @@ std::tuple<at::Tensor, at::Tensor> autograd_kernel(const at::Tensor& x, const at
   return {outputs[0], outputs[1]};
 }
 
+// The backward has no derivative of its own: a call that would record a graph (a double
+// backward, create_graph=True) raises instead of giving zero second derivatives.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+  TORCH_CHECK(!avo::autograd::needs_grad(grad_hidden, grad_y, x, residual, weight, bias), "avo::add_layernorm_backward is not differentiable: "
+              "avo::add_layernorm has first derivatives only (no double backward, no create_graph=True)");
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_layernorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
+  return op.call(grad_hidden, grad_y, x, residual, weight, bias, eps);
+}
+
 }  // namespace add_layernorm
 
 // specs/add_rmsnorm.yaml
@@ -103,6 +113,16 @@ std::tuple<at::Tensor, at::Tensor> autograd_kernel(const at::Tensor& x, const at
   }
   const torch::autograd::variable_list outputs = Function::apply(x, residual, weight, eps);
   return {outputs[0], outputs[1]};
+}
+
+// The backward has no derivative of its own: a call that would record a graph (a double
+// backward, create_graph=True) raises instead of giving zero second derivatives.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
+  TORCH_CHECK(!avo::autograd::needs_grad(grad_hidden, grad_y, x, residual, weight), "avo::add_rmsnorm_backward is not differentiable: "
+              "avo::add_rmsnorm has first derivatives only (no double backward, no create_graph=True)");
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_rmsnorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double)>();
+  return op.call(grad_hidden, grad_y, x, residual, weight, eps);
 }
 
 }  // namespace add_rmsnorm
@@ -139,6 +159,16 @@ at::Tensor autograd_kernel(const at::Tensor& x, const std::optional<at::Tensor>&
   return Function::apply(x, gamma, beta, eps, swish)[0];
 }
 
+// The backward has no derivative of its own: a call that would record a graph (a double
+// backward, create_graph=True) raises instead of giving zero second derivatives.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
+  TORCH_CHECK(!avo::autograd::needs_grad(grad_y, x, gamma, beta), "avo::channel_norm_backward is not differentiable: "
+              "avo::channel_norm has first derivatives only (no double backward, no create_graph=True)");
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::channel_norm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double, bool)>();
+  return op.call(grad_y, x, gamma, beta, eps, swish);
+}
+
 }  // namespace channel_norm
 
 // specs/gelu.yaml
@@ -170,6 +200,16 @@ at::Tensor autograd_kernel(const at::Tensor& x, c10::string_view approximate) {
     return op.call(x, approximate);
   }
   return Function::apply(x, approximate)[0];
+}
+
+// The backward has no derivative of its own: a call that would record a graph (a double
+// backward, create_graph=True) raises instead of giving zero second derivatives.
+at::Tensor backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& x, c10::string_view approximate) {
+  TORCH_CHECK(!avo::autograd::needs_grad(grad_y, x), "avo::gelu_backward is not differentiable: "
+              "avo::gelu has first derivatives only (no double backward, no create_graph=True)");
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::gelu_backward", "").typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>();
+  return op.call(grad_y, x, approximate);
 }
 
 }  // namespace gelu
@@ -205,6 +245,16 @@ at::Tensor autograd_kernel(const at::Tensor& x, const std::optional<at::Tensor>&
   return Function::apply(x, weight, bias, eps)[0];
 }
 
+// The backward has no derivative of its own: a call that would record a graph (a double
+// backward, create_graph=True) raises instead of giving zero second derivatives.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+  TORCH_CHECK(!avo::autograd::needs_grad(grad_y, x, weight, bias), "avo::layernorm_backward is not differentiable: "
+              "avo::layernorm has first derivatives only (no double backward, no create_graph=True)");
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::layernorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
+  return op.call(grad_y, x, weight, bias, eps);
+}
+
 }  // namespace layernorm
 
 // specs/log_softmax.yaml
@@ -235,6 +285,16 @@ at::Tensor autograd_kernel(const at::Tensor& x) {
     return op.call(x);
   }
   return Function::apply(x)[0];
+}
+
+// The backward has no derivative of its own: a call that would record a graph (a double
+// backward, create_graph=True) raises instead of giving zero second derivatives.
+at::Tensor backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& x) {
+  TORCH_CHECK(!avo::autograd::needs_grad(grad_y, x), "avo::log_softmax_backward is not differentiable: "
+              "avo::log_softmax has first derivatives only (no double backward, no create_graph=True)");
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::log_softmax_backward", "").typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+  return op.call(grad_y, x);
 }
 
 }  // namespace log_softmax
@@ -270,6 +330,16 @@ at::Tensor autograd_kernel(const at::Tensor& x, const std::optional<at::Tensor>&
   return Function::apply(x, weight, eps)[0];
 }
 
+// The backward has no derivative of its own: a call that would record a graph (a double
+// backward, create_graph=True) raises instead of giving zero second derivatives.
+std::tuple<at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
+  TORCH_CHECK(!avo::autograd::needs_grad(grad_y, x, weight), "avo::rmsnorm_backward is not differentiable: "
+              "avo::rmsnorm has first derivatives only (no double backward, no create_graph=True)");
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::rmsnorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double)>();
+  return op.call(grad_y, x, weight, eps);
+}
+
 }  // namespace rmsnorm
 
 // specs/silu.yaml
@@ -302,6 +372,16 @@ at::Tensor autograd_kernel(const at::Tensor& x) {
   return Function::apply(x)[0];
 }
 
+// The backward has no derivative of its own: a call that would record a graph (a double
+// backward, create_graph=True) raises instead of giving zero second derivatives.
+at::Tensor backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& x) {
+  TORCH_CHECK(!avo::autograd::needs_grad(grad_y, x), "avo::silu_backward is not differentiable: "
+              "avo::silu has first derivatives only (no double backward, no create_graph=True)");
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::silu_backward", "").typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+  return op.call(grad_y, x);
+}
+
 }  // namespace silu
 
 // specs/softmax.yaml
@@ -332,6 +412,16 @@ at::Tensor autograd_kernel(const at::Tensor& x) {
     return op.call(x);
   }
   return Function::apply(x)[0];
+}
+
+// The backward has no derivative of its own: a call that would record a graph (a double
+// backward, create_graph=True) raises instead of giving zero second derivatives.
+at::Tensor backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& x) {
+  TORCH_CHECK(!avo::autograd::needs_grad(grad_y, x), "avo::softmax_backward is not differentiable: "
+              "avo::softmax has first derivatives only (no double backward, no create_graph=True)");
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::softmax_backward", "").typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+  return op.call(grad_y, x);
 }
 
 }  // namespace softmax
@@ -367,19 +457,39 @@ at::Tensor autograd_kernel(const at::Tensor& x, const std::optional<at::Tensor>&
   return Function::apply(x, weight, bias, eps)[0];
 }
 
+// The backward has no derivative of its own: a call that would record a graph (a double
+// backward, create_graph=True) raises instead of giving zero second derivatives.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+  TORCH_CHECK(!avo::autograd::needs_grad(grad_y, x, weight, bias), "avo::swish_layernorm_backward is not differentiable: "
+              "avo::swish_layernorm has first derivatives only (no double backward, no create_graph=True)");
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::swish_layernorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
+  return op.call(grad_y, x, weight, bias, eps);
+}
+
 }  // namespace swish_layernorm
 
 }  // namespace avo::autograd
 
 TORCH_LIBRARY_IMPL(avo, Autograd, m) {
   m.impl("add_layernorm", &avo::autograd::add_layernorm::autograd_kernel);
+  m.impl("add_layernorm_backward", &avo::autograd::add_layernorm::backward_autograd_kernel);
   m.impl("add_rmsnorm", &avo::autograd::add_rmsnorm::autograd_kernel);
+  m.impl("add_rmsnorm_backward", &avo::autograd::add_rmsnorm::backward_autograd_kernel);
   m.impl("channel_norm", &avo::autograd::channel_norm::autograd_kernel);
+  m.impl("channel_norm_backward", &avo::autograd::channel_norm::backward_autograd_kernel);
   m.impl("gelu", &avo::autograd::gelu::autograd_kernel);
+  m.impl("gelu_backward", &avo::autograd::gelu::backward_autograd_kernel);
   m.impl("layernorm", &avo::autograd::layernorm::autograd_kernel);
+  m.impl("layernorm_backward", &avo::autograd::layernorm::backward_autograd_kernel);
   m.impl("log_softmax", &avo::autograd::log_softmax::autograd_kernel);
+  m.impl("log_softmax_backward", &avo::autograd::log_softmax::backward_autograd_kernel);
   m.impl("rmsnorm", &avo::autograd::rmsnorm::autograd_kernel);
+  m.impl("rmsnorm_backward", &avo::autograd::rmsnorm::backward_autograd_kernel);
   m.impl("silu", &avo::autograd::silu::autograd_kernel);
+  m.impl("silu_backward", &avo::autograd::silu::backward_autograd_kernel);
   m.impl("softmax", &avo::autograd::softmax::autograd_kernel);
+  m.impl("softmax_backward", &avo::autograd::softmax::backward_autograd_kernel);
   m.impl("swish_layernorm", &avo::autograd::swish_layernorm::autograd_kernel);
+  m.impl("swish_layernorm_backward", &avo::autograd::swish_layernorm::backward_autograd_kernel);
 }
