@@ -194,10 +194,10 @@ def summary_line(op: str, direction: str, dtype: str, rows: Sequence[dict]) -> l
         f"–{max(fracs):.2f}" if f"{max(fracs):.2f}" != f"{min(fracs):.2f}" else "")
     if not ratios:
         return [op, direction, dtype, span, frac, "–", "–", "–", "–"]
-    geomean = math.exp(sum(math.log(s) for s, _ in ratios) / len(ratios))
+    mean = geomean([s for s, _ in ratios])
     low, high = min(ratios), max(ratios)
     wins = sum(1 for s, _ in ratios if s >= 1.0)
-    return [op, direction, dtype, span, frac, f"{geomean:.2f}x",
+    return [op, direction, dtype, span, frac, f"{mean:.2f}x",
             f"{low[0]:.2f}x (N={low[1]})", f"{high[0]:.2f}x (N={high[1]})",
             f"{wins} of {len(ratios)}"]
 

@@ -34,28 +34,35 @@ def _function(s: OpSchedule) -> list[str]:
     forward_params = ", ".join(["torch::autograd::AutogradContext* ctx", _cpp_params(fwd)])
     arg_names = ", ".join([i.name for i in fwd.inputs] + [a.name for a in attrs])
     outputs = len(fwd.outputs)
-    result = "op.call(" + arg_names + ")"
+    result = "forward_op().call(" + arg_names + ")"
     returned = f"{{{result}}}" if outputs == 1 else f"avo::autograd::as_list({result})"
     saved = ", ".join(f"{i.name}.value_or(at::Tensor())" if i.optional else i.name for i in inputs)
     lines = [f"// {spec.path}",
              f"namespace {spec.name} {{", "",
+             "// The op and its backward, called below autograd (each handle looked up once).",
+             f"const auto& forward_op() {{",
+             f"  static const auto op = {_op_handle(fwd)};",
+             "  return op;",
+             "}", "",
+             f"const auto& backward_op() {{",
+             f"  static const auto op = {_op_handle(bwd)};",
+             "  return op;",
+             "}", "",
              "class Function : public torch::autograd::Function<Function> {",
              " public:",
              f"  static torch::autograd::variable_list forward({forward_params}) {{",
              "    at::AutoDispatchBelowADInplaceOrView below_autograd;",
-             f"    static const auto op = {_op_handle(fwd)};",
              f"    ctx->save_for_backward({{{saved}}});"]
     lines += [f'    ctx->saved_data["{a.name}"] = {"std::string(" + a.name + ")" if a.type == "str" else a.name};'
               for a in attrs]
     lines += [f"    return {returned};", "  }", "",
               "  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,",
               "                                                 torch::autograd::variable_list grads) {",
-              "    const torch::autograd::variable_list saved = ctx->get_saved_variables();",
-              f"    static const auto op = {_op_handle(bwd)};"]
+              "    const torch::autograd::variable_list saved = ctx->get_saved_variables();"]
     call = [f"grads[{k}]" for k in range(outputs)]
     call += [f"avo::autograd::present(saved[{k}])" if i.optional else f"saved[{k}]" for k, i in enumerate(inputs)]
     call += [f'ctx->saved_data["{a.name}"].{_SAVED_READ[a.type]}' for a in attrs]
-    gradients = f"op.call({', '.join(call)})"
+    gradients = f"backward_op().call({', '.join(call)})"
     if len(bwd.outputs) == 1:
         lines.append(f"    const torch::autograd::variable_list gradients = {{{gradients}}};")
     else:
@@ -73,19 +80,18 @@ def _function(s: OpSchedule) -> list[str]:
     lines += [f"{_return_type(fwd)} autograd_kernel({_cpp_params(fwd)}) {{",
               f"  if (!avo::autograd::needs_grad({tensors})) {{  // no graph to record",
               "    at::AutoDispatchBelowADInplaceOrView below_autograd;",
-              f"    static const auto op = {_op_handle(fwd)};",
-              f"    return op.call({arg_names});",
+              f"    return forward_op().call({arg_names});",
               "  }", *body, "}", ""]
     backward_args = ", ".join([i.name for i in bwd.inputs] + [a.name for a in attrs])
     backward_tensors = ", ".join(i.name for i in bwd.inputs)
     lines += ["// The backward has no derivative of its own: a call that would record a graph (a double",
-              "// backward, create_graph=True) raises instead of giving zero second derivatives.",
+              "// backward, create_graph=True) raises, where torch's fallback would warn and let no",
+              "// second derivative reach the inputs.",
               f"{_return_type(bwd)} backward_autograd_kernel({_cpp_params(bwd)}) {{",
               f"  TORCH_CHECK(!avo::autograd::needs_grad({backward_tensors}), \"{bwd.qualified_name} is not differentiable: \"",
               f"              \"{fwd.qualified_name} has first derivatives only (no double backward, no create_graph=True)\");",
               "  at::AutoDispatchBelowADInplaceOrView below_autograd;",
-              f"  static const auto op = {_op_handle(bwd)};",
-              f"  return op.call({backward_args});",
+              f"  return backward_op().call({backward_args});",
               "}", "",
               f"}}  // namespace {spec.name}", ""]
     return lines

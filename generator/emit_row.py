@@ -44,6 +44,15 @@ def strip_no_grad(node: Node, memo: dict[int, Node]) -> Node:
     return result
 
 
+def reduction_depth(node: Node, memo: dict[int, int]) -> int:
+    """The longest chain of reductions in `node` (its own included): the pass over the
+    row that can compute it, counting from 1; 0 for what needs no reduction."""
+    if id(node) not in memo:
+        below = max((reduction_depth(a, memo) for a in node.args), default=0)
+        memo[id(node)] = below + 1 if node.op in REDUCTION_OPS else below
+    return memo[id(node)]
+
+
 def _row_factor(node: Node) -> tuple[Node, Node]:
     """(factor, rest) with node == factor * rest, the factor per row (or constant): the
     per-row factors of a product pulled out of it."""
@@ -84,12 +93,6 @@ def earlier_sums(results: dict[str, Node]) -> dict[str, Node]:
     memo: dict[int, Node] = {}
     depth: dict[int, int] = {}
 
-    def level(node: Node) -> int:
-        if id(node) not in depth:
-            below = max((level(a) for a in node.args), default=0)
-            depth[id(node)] = below + 1 if node.op in REDUCTION_OPS else below
-        return depth[id(node)]
-
     def visit(node: Node) -> Node:
         done = memo.get(id(node))
         if done is not None:
@@ -98,7 +101,7 @@ def earlier_sums(results: dict[str, Node]) -> dict[str, Node]:
         if result.op == "rsum":
             parts = _linear_parts(result.args[0])
             sums = [(f, reduce("rsum", r, result.value)) for f, r in parts]
-            if max(level(s) for _, s in sums) < level(result):
+            if max(reduction_depth(s, depth) for _, s in sums) < reduction_depth(result, depth):
                 total = make("mul", *sums[0])
                 for f, s in sums[1:]:
                     total = make("add", total, make("mul", f, s))
@@ -238,17 +241,11 @@ class RowProgram:
     # -- the program ---------------------------------------------------------------
 
     def levels(self) -> list[list[Node]]:
-        level: dict[int, int] = {}
-        reductions = []
-        for node in topological_order(self.results.values()):
-            below = max((level.get(id(a), 0) for a in node.args), default=0)
-            if node.op in REDUCTION_OPS:
-                level[id(node)] = below + 1
-                reductions.append(node)
-            else:
-                level[id(node)] = below
-        depth = max((level[id(r)] for r in reductions), default=0)
-        return [[r for r in reductions if level[id(r)] == d] for d in range(1, depth + 1)]
+        """The reductions, grouped by the pass over the row that computes them."""
+        memo: dict[int, int] = {}
+        reductions = [n for n in topological_order(self.results.values()) if n.op in REDUCTION_OPS]
+        depth = max((reduction_depth(r, memo) for r in reductions), default=0)
+        return [[r for r in reductions if reduction_depth(r, memo) == d] for d in range(1, depth + 1)]
 
     def apply_lines(self) -> list[str]:
         lines = ["[[maybe_unused]] const float length = float(row.length());"]

@@ -42,21 +42,30 @@ torch::autograd::variable_list as_list(const std::tuple<Tensors...>& tensors) {
 // specs/add_layernorm.yaml
 namespace add_layernorm {
 
+// The op and its backward, called below autograd (each handle looked up once).
+const auto& forward_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_layernorm", "").typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
+  return op;
+}
+
+const auto& backward_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_layernorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
+  return op;
+}
+
 class Function : public torch::autograd::Function<Function> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_layernorm", "").typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
     ctx->save_for_backward({x, residual, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())});
     ctx->saved_data["eps"] = eps;
-    return avo::autograd::as_list(op.call(x, residual, weight, bias, eps));
+    return avo::autograd::as_list(forward_op().call(x, residual, weight, bias, eps));
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_layernorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
-    const torch::autograd::variable_list gradients = avo::autograd::as_list(op.call(grads[0], grads[1], saved[0], saved[1], avo::autograd::present(saved[2]), avo::autograd::present(saved[3]), ctx->saved_data["eps"].toDouble()));
+    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], grads[1], saved[0], saved[1], avo::autograd::present(saved[2]), avo::autograd::present(saved[3]), ctx->saved_data["eps"].toDouble()));
     return {avo::autograd::sum_to_input(gradients[0], saved[0]), avo::autograd::sum_to_input(gradients[1], saved[1]), avo::autograd::sum_to_input(gradients[2], saved[2]), avo::autograd::sum_to_input(gradients[3], saved[3]), at::Tensor()};
   }
 };
@@ -64,21 +73,20 @@ class Function : public torch::autograd::Function<Function> {
 std::tuple<at::Tensor, at::Tensor> autograd_kernel(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
   if (!avo::autograd::needs_grad(x, residual, weight, bias)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_layernorm", "").typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
-    return op.call(x, residual, weight, bias, eps);
+    return forward_op().call(x, residual, weight, bias, eps);
   }
   const torch::autograd::variable_list outputs = Function::apply(x, residual, weight, bias, eps);
   return {outputs[0], outputs[1]};
 }
 
 // The backward has no derivative of its own: a call that would record a graph (a double
-// backward, create_graph=True) raises instead of giving zero second derivatives.
+// backward, create_graph=True) raises, where torch's fallback would warn and let no
+// second derivative reach the inputs.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
   TORCH_CHECK(!avo::autograd::needs_grad(grad_hidden, grad_y, x, residual, weight, bias), "avo::add_layernorm_backward is not differentiable: "
               "avo::add_layernorm has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_layernorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
-  return op.call(grad_hidden, grad_y, x, residual, weight, bias, eps);
+  return backward_op().call(grad_hidden, grad_y, x, residual, weight, bias, eps);
 }
 
 }  // namespace add_layernorm
@@ -86,21 +94,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_autograd_ker
 // specs/add_rmsnorm.yaml
 namespace add_rmsnorm {
 
+// The op and its backward, called below autograd (each handle looked up once).
+const auto& forward_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_rmsnorm", "").typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double)>();
+  return op;
+}
+
+const auto& backward_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_rmsnorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double)>();
+  return op;
+}
+
 class Function : public torch::autograd::Function<Function> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_rmsnorm", "").typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double)>();
     ctx->save_for_backward({x, residual, weight.value_or(at::Tensor())});
     ctx->saved_data["eps"] = eps;
-    return avo::autograd::as_list(op.call(x, residual, weight, eps));
+    return avo::autograd::as_list(forward_op().call(x, residual, weight, eps));
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_rmsnorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double)>();
-    const torch::autograd::variable_list gradients = avo::autograd::as_list(op.call(grads[0], grads[1], saved[0], saved[1], avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble()));
+    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], grads[1], saved[0], saved[1], avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble()));
     return {avo::autograd::sum_to_input(gradients[0], saved[0]), avo::autograd::sum_to_input(gradients[1], saved[1]), avo::autograd::sum_to_input(gradients[2], saved[2]), at::Tensor()};
   }
 };
@@ -108,21 +125,20 @@ class Function : public torch::autograd::Function<Function> {
 std::tuple<at::Tensor, at::Tensor> autograd_kernel(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
   if (!avo::autograd::needs_grad(x, residual, weight)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_rmsnorm", "").typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double)>();
-    return op.call(x, residual, weight, eps);
+    return forward_op().call(x, residual, weight, eps);
   }
   const torch::autograd::variable_list outputs = Function::apply(x, residual, weight, eps);
   return {outputs[0], outputs[1]};
 }
 
 // The backward has no derivative of its own: a call that would record a graph (a double
-// backward, create_graph=True) raises instead of giving zero second derivatives.
+// backward, create_graph=True) raises, where torch's fallback would warn and let no
+// second derivative reach the inputs.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
   TORCH_CHECK(!avo::autograd::needs_grad(grad_hidden, grad_y, x, residual, weight), "avo::add_rmsnorm_backward is not differentiable: "
               "avo::add_rmsnorm has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_rmsnorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double)>();
-  return op.call(grad_hidden, grad_y, x, residual, weight, eps);
+  return backward_op().call(grad_hidden, grad_y, x, residual, weight, eps);
 }
 
 }  // namespace add_rmsnorm
@@ -130,22 +146,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at
 // specs/channel_norm.yaml
 namespace channel_norm {
 
+// The op and its backward, called below autograd (each handle looked up once).
+const auto& forward_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::channel_norm", "").typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double, bool)>();
+  return op;
+}
+
+const auto& backward_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::channel_norm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double, bool)>();
+  return op;
+}
+
 class Function : public torch::autograd::Function<Function> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::channel_norm", "").typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double, bool)>();
     ctx->save_for_backward({x, gamma.value_or(at::Tensor()), beta.value_or(at::Tensor())});
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["swish"] = swish;
-    return {op.call(x, gamma, beta, eps, swish)};
+    return {forward_op().call(x, gamma, beta, eps, swish)};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::channel_norm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double, bool)>();
-    const torch::autograd::variable_list gradients = avo::autograd::as_list(op.call(grads[0], saved[0], avo::autograd::present(saved[1]), avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble(), ctx->saved_data["swish"].toBool()));
+    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], avo::autograd::present(saved[1]), avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble(), ctx->saved_data["swish"].toBool()));
     return {avo::autograd::sum_to_input(gradients[0], saved[0]), avo::autograd::sum_to_input(gradients[1], saved[1]), avo::autograd::sum_to_input(gradients[2], saved[2]), at::Tensor(), at::Tensor()};
   }
 };
@@ -153,20 +178,19 @@ class Function : public torch::autograd::Function<Function> {
 at::Tensor autograd_kernel(const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
   if (!avo::autograd::needs_grad(x, gamma, beta)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::channel_norm", "").typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double, bool)>();
-    return op.call(x, gamma, beta, eps, swish);
+    return forward_op().call(x, gamma, beta, eps, swish);
   }
   return Function::apply(x, gamma, beta, eps, swish)[0];
 }
 
 // The backward has no derivative of its own: a call that would record a graph (a double
-// backward, create_graph=True) raises instead of giving zero second derivatives.
+// backward, create_graph=True) raises, where torch's fallback would warn and let no
+// second derivative reach the inputs.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
   TORCH_CHECK(!avo::autograd::needs_grad(grad_y, x, gamma, beta), "avo::channel_norm_backward is not differentiable: "
               "avo::channel_norm has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::channel_norm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double, bool)>();
-  return op.call(grad_y, x, gamma, beta, eps, swish);
+  return backward_op().call(grad_y, x, gamma, beta, eps, swish);
 }
 
 }  // namespace channel_norm
@@ -174,21 +198,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at
 // specs/gelu.yaml
 namespace gelu {
 
+// The op and its backward, called below autograd (each handle looked up once).
+const auto& forward_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::gelu", "").typed<at::Tensor(const at::Tensor&, c10::string_view)>();
+  return op;
+}
+
+const auto& backward_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::gelu_backward", "").typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>();
+  return op;
+}
+
 class Function : public torch::autograd::Function<Function> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, c10::string_view approximate) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::gelu", "").typed<at::Tensor(const at::Tensor&, c10::string_view)>();
     ctx->save_for_backward({x});
     ctx->saved_data["approximate"] = std::string(approximate);
-    return {op.call(x, approximate)};
+    return {forward_op().call(x, approximate)};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::gelu_backward", "").typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>();
-    const torch::autograd::variable_list gradients = {op.call(grads[0], saved[0], ctx->saved_data["approximate"].toStringRef())};
+    const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[0], ctx->saved_data["approximate"].toStringRef())};
     return {avo::autograd::sum_to_input(gradients[0], saved[0]), at::Tensor()};
   }
 };
@@ -196,20 +229,19 @@ class Function : public torch::autograd::Function<Function> {
 at::Tensor autograd_kernel(const at::Tensor& x, c10::string_view approximate) {
   if (!avo::autograd::needs_grad(x)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::gelu", "").typed<at::Tensor(const at::Tensor&, c10::string_view)>();
-    return op.call(x, approximate);
+    return forward_op().call(x, approximate);
   }
   return Function::apply(x, approximate)[0];
 }
 
 // The backward has no derivative of its own: a call that would record a graph (a double
-// backward, create_graph=True) raises instead of giving zero second derivatives.
+// backward, create_graph=True) raises, where torch's fallback would warn and let no
+// second derivative reach the inputs.
 at::Tensor backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& x, c10::string_view approximate) {
   TORCH_CHECK(!avo::autograd::needs_grad(grad_y, x), "avo::gelu_backward is not differentiable: "
               "avo::gelu has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::gelu_backward", "").typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>();
-  return op.call(grad_y, x, approximate);
+  return backward_op().call(grad_y, x, approximate);
 }
 
 }  // namespace gelu
@@ -217,21 +249,30 @@ at::Tensor backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& 
 // specs/layernorm.yaml
 namespace layernorm {
 
+// The op and its backward, called below autograd (each handle looked up once).
+const auto& forward_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::layernorm", "").typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
+  return op;
+}
+
+const auto& backward_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::layernorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
+  return op;
+}
+
 class Function : public torch::autograd::Function<Function> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::layernorm", "").typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
     ctx->save_for_backward({x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())});
     ctx->saved_data["eps"] = eps;
-    return {op.call(x, weight, bias, eps)};
+    return {forward_op().call(x, weight, bias, eps)};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::layernorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
-    const torch::autograd::variable_list gradients = avo::autograd::as_list(op.call(grads[0], saved[0], avo::autograd::present(saved[1]), avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble()));
+    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], avo::autograd::present(saved[1]), avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble()));
     return {avo::autograd::sum_to_input(gradients[0], saved[0]), avo::autograd::sum_to_input(gradients[1], saved[1]), avo::autograd::sum_to_input(gradients[2], saved[2]), at::Tensor()};
   }
 };
@@ -239,20 +280,19 @@ class Function : public torch::autograd::Function<Function> {
 at::Tensor autograd_kernel(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
   if (!avo::autograd::needs_grad(x, weight, bias)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::layernorm", "").typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
-    return op.call(x, weight, bias, eps);
+    return forward_op().call(x, weight, bias, eps);
   }
   return Function::apply(x, weight, bias, eps)[0];
 }
 
 // The backward has no derivative of its own: a call that would record a graph (a double
-// backward, create_graph=True) raises instead of giving zero second derivatives.
+// backward, create_graph=True) raises, where torch's fallback would warn and let no
+// second derivative reach the inputs.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
   TORCH_CHECK(!avo::autograd::needs_grad(grad_y, x, weight, bias), "avo::layernorm_backward is not differentiable: "
               "avo::layernorm has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::layernorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
-  return op.call(grad_y, x, weight, bias, eps);
+  return backward_op().call(grad_y, x, weight, bias, eps);
 }
 
 }  // namespace layernorm
@@ -260,20 +300,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at
 // specs/log_softmax.yaml
 namespace log_softmax {
 
+// The op and its backward, called below autograd (each handle looked up once).
+const auto& forward_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::log_softmax", "").typed<at::Tensor(const at::Tensor&)>();
+  return op;
+}
+
+const auto& backward_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::log_softmax_backward", "").typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+  return op;
+}
+
 class Function : public torch::autograd::Function<Function> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::log_softmax", "").typed<at::Tensor(const at::Tensor&)>();
     ctx->save_for_backward({x});
-    return {op.call(x)};
+    return {forward_op().call(x)};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::log_softmax_backward", "").typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
-    const torch::autograd::variable_list gradients = {op.call(grads[0], saved[0])};
+    const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[0])};
     return {avo::autograd::sum_to_input(gradients[0], saved[0])};
   }
 };
@@ -281,20 +330,19 @@ class Function : public torch::autograd::Function<Function> {
 at::Tensor autograd_kernel(const at::Tensor& x) {
   if (!avo::autograd::needs_grad(x)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::log_softmax", "").typed<at::Tensor(const at::Tensor&)>();
-    return op.call(x);
+    return forward_op().call(x);
   }
   return Function::apply(x)[0];
 }
 
 // The backward has no derivative of its own: a call that would record a graph (a double
-// backward, create_graph=True) raises instead of giving zero second derivatives.
+// backward, create_graph=True) raises, where torch's fallback would warn and let no
+// second derivative reach the inputs.
 at::Tensor backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& x) {
   TORCH_CHECK(!avo::autograd::needs_grad(grad_y, x), "avo::log_softmax_backward is not differentiable: "
               "avo::log_softmax has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::log_softmax_backward", "").typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
-  return op.call(grad_y, x);
+  return backward_op().call(grad_y, x);
 }
 
 }  // namespace log_softmax
@@ -302,21 +350,30 @@ at::Tensor backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& 
 // specs/rmsnorm.yaml
 namespace rmsnorm {
 
+// The op and its backward, called below autograd (each handle looked up once).
+const auto& forward_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::rmsnorm", "").typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, double)>();
+  return op;
+}
+
+const auto& backward_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::rmsnorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double)>();
+  return op;
+}
+
 class Function : public torch::autograd::Function<Function> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::rmsnorm", "").typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, double)>();
     ctx->save_for_backward({x, weight.value_or(at::Tensor())});
     ctx->saved_data["eps"] = eps;
-    return {op.call(x, weight, eps)};
+    return {forward_op().call(x, weight, eps)};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::rmsnorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double)>();
-    const torch::autograd::variable_list gradients = avo::autograd::as_list(op.call(grads[0], saved[0], avo::autograd::present(saved[1]), ctx->saved_data["eps"].toDouble()));
+    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], avo::autograd::present(saved[1]), ctx->saved_data["eps"].toDouble()));
     return {avo::autograd::sum_to_input(gradients[0], saved[0]), avo::autograd::sum_to_input(gradients[1], saved[1]), at::Tensor()};
   }
 };
@@ -324,20 +381,19 @@ class Function : public torch::autograd::Function<Function> {
 at::Tensor autograd_kernel(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
   if (!avo::autograd::needs_grad(x, weight)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::rmsnorm", "").typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, double)>();
-    return op.call(x, weight, eps);
+    return forward_op().call(x, weight, eps);
   }
   return Function::apply(x, weight, eps)[0];
 }
 
 // The backward has no derivative of its own: a call that would record a graph (a double
-// backward, create_graph=True) raises instead of giving zero second derivatives.
+// backward, create_graph=True) raises, where torch's fallback would warn and let no
+// second derivative reach the inputs.
 std::tuple<at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
   TORCH_CHECK(!avo::autograd::needs_grad(grad_y, x, weight), "avo::rmsnorm_backward is not differentiable: "
               "avo::rmsnorm has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::rmsnorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double)>();
-  return op.call(grad_y, x, weight, eps);
+  return backward_op().call(grad_y, x, weight, eps);
 }
 
 }  // namespace rmsnorm
@@ -345,20 +401,29 @@ std::tuple<at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& gr
 // specs/silu.yaml
 namespace silu {
 
+// The op and its backward, called below autograd (each handle looked up once).
+const auto& forward_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::silu", "").typed<at::Tensor(const at::Tensor&)>();
+  return op;
+}
+
+const auto& backward_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::silu_backward", "").typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+  return op;
+}
+
 class Function : public torch::autograd::Function<Function> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::silu", "").typed<at::Tensor(const at::Tensor&)>();
     ctx->save_for_backward({x});
-    return {op.call(x)};
+    return {forward_op().call(x)};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::silu_backward", "").typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
-    const torch::autograd::variable_list gradients = {op.call(grads[0], saved[0])};
+    const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[0])};
     return {avo::autograd::sum_to_input(gradients[0], saved[0])};
   }
 };
@@ -366,20 +431,19 @@ class Function : public torch::autograd::Function<Function> {
 at::Tensor autograd_kernel(const at::Tensor& x) {
   if (!avo::autograd::needs_grad(x)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::silu", "").typed<at::Tensor(const at::Tensor&)>();
-    return op.call(x);
+    return forward_op().call(x);
   }
   return Function::apply(x)[0];
 }
 
 // The backward has no derivative of its own: a call that would record a graph (a double
-// backward, create_graph=True) raises instead of giving zero second derivatives.
+// backward, create_graph=True) raises, where torch's fallback would warn and let no
+// second derivative reach the inputs.
 at::Tensor backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& x) {
   TORCH_CHECK(!avo::autograd::needs_grad(grad_y, x), "avo::silu_backward is not differentiable: "
               "avo::silu has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::silu_backward", "").typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
-  return op.call(grad_y, x);
+  return backward_op().call(grad_y, x);
 }
 
 }  // namespace silu
@@ -387,20 +451,29 @@ at::Tensor backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& 
 // specs/softmax.yaml
 namespace softmax {
 
+// The op and its backward, called below autograd (each handle looked up once).
+const auto& forward_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::softmax", "").typed<at::Tensor(const at::Tensor&)>();
+  return op;
+}
+
+const auto& backward_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::softmax_backward", "").typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+  return op;
+}
+
 class Function : public torch::autograd::Function<Function> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::softmax", "").typed<at::Tensor(const at::Tensor&)>();
     ctx->save_for_backward({x});
-    return {op.call(x)};
+    return {forward_op().call(x)};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::softmax_backward", "").typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
-    const torch::autograd::variable_list gradients = {op.call(grads[0], saved[0])};
+    const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[0])};
     return {avo::autograd::sum_to_input(gradients[0], saved[0])};
   }
 };
@@ -408,20 +481,19 @@ class Function : public torch::autograd::Function<Function> {
 at::Tensor autograd_kernel(const at::Tensor& x) {
   if (!avo::autograd::needs_grad(x)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::softmax", "").typed<at::Tensor(const at::Tensor&)>();
-    return op.call(x);
+    return forward_op().call(x);
   }
   return Function::apply(x)[0];
 }
 
 // The backward has no derivative of its own: a call that would record a graph (a double
-// backward, create_graph=True) raises instead of giving zero second derivatives.
+// backward, create_graph=True) raises, where torch's fallback would warn and let no
+// second derivative reach the inputs.
 at::Tensor backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& x) {
   TORCH_CHECK(!avo::autograd::needs_grad(grad_y, x), "avo::softmax_backward is not differentiable: "
               "avo::softmax has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::softmax_backward", "").typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
-  return op.call(grad_y, x);
+  return backward_op().call(grad_y, x);
 }
 
 }  // namespace softmax
@@ -429,21 +501,30 @@ at::Tensor backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& 
 // specs/swish_layernorm.yaml
 namespace swish_layernorm {
 
+// The op and its backward, called below autograd (each handle looked up once).
+const auto& forward_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::swish_layernorm", "").typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
+  return op;
+}
+
+const auto& backward_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::swish_layernorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
+  return op;
+}
+
 class Function : public torch::autograd::Function<Function> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::swish_layernorm", "").typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
     ctx->save_for_backward({x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())});
     ctx->saved_data["eps"] = eps;
-    return {op.call(x, weight, bias, eps)};
+    return {forward_op().call(x, weight, bias, eps)};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::swish_layernorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
-    const torch::autograd::variable_list gradients = avo::autograd::as_list(op.call(grads[0], saved[0], avo::autograd::present(saved[1]), avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble()));
+    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], avo::autograd::present(saved[1]), avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble()));
     return {avo::autograd::sum_to_input(gradients[0], saved[0]), avo::autograd::sum_to_input(gradients[1], saved[1]), avo::autograd::sum_to_input(gradients[2], saved[2]), at::Tensor()};
   }
 };
@@ -451,20 +532,19 @@ class Function : public torch::autograd::Function<Function> {
 at::Tensor autograd_kernel(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
   if (!avo::autograd::needs_grad(x, weight, bias)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::swish_layernorm", "").typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
-    return op.call(x, weight, bias, eps);
+    return forward_op().call(x, weight, bias, eps);
   }
   return Function::apply(x, weight, bias, eps)[0];
 }
 
 // The backward has no derivative of its own: a call that would record a graph (a double
-// backward, create_graph=True) raises instead of giving zero second derivatives.
+// backward, create_graph=True) raises, where torch's fallback would warn and let no
+// second derivative reach the inputs.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
   TORCH_CHECK(!avo::autograd::needs_grad(grad_y, x, weight, bias), "avo::swish_layernorm_backward is not differentiable: "
               "avo::swish_layernorm has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::swish_layernorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
-  return op.call(grad_y, x, weight, bias, eps);
+  return backward_op().call(grad_y, x, weight, bias, eps);
 }
 
 }  // namespace swish_layernorm
