@@ -6,7 +6,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -140,7 +139,9 @@ RowCall<NumInputs, NumOutputs> prepare_rows(const char* op, const std::array<Row
     const int64_t per_chunk = rows_per_chunk(rows);
     call.args.rows_per_chunk = per_chunk;
     call.args.chunks = (rows + per_chunk - 1) / per_chunk;
-    call.partials = at::zeros({column_sums, call.args.chunks, length}, options.dtype(at::kFloat));
+    // Uninitialised: every kernel version sets each chunk's partials (its first row or its
+    // whole sums at once) before it adds to them.
+    call.partials = at::empty({column_sums, call.args.chunks, length}, options.dtype(at::kFloat));
     call.args.partials = static_cast<float*>(call.partials.data_ptr());
   }
   return call;

@@ -44,6 +44,20 @@ def strip_no_grad(node: Node, memo: dict[int, Node]) -> Node:
     return result
 
 
+def rewrite_bottom_up(results: dict[str, Node], step) -> dict[str, Node]:
+    """`results` with every node rebuilt from its rewritten arguments and then passed
+    through `step` (once per node, shared subexpressions stay shared)."""
+    memo: dict[int, Node] = {}
+
+    def visit(node: Node) -> Node:
+        done = memo.get(id(node))
+        if done is None:
+            done = memo[id(node)] = step(with_args(node, tuple(visit(a) for a in node.args)))
+        return done
+
+    return {name: visit(node) for name, node in results.items()}
+
+
 def reduction_depth(node: Node, memo: dict[int, int]) -> int:
     """The longest chain of reductions in `node` (its own included): the pass over the
     row that can compute it, counting from 1; 0 for what needs no reduction."""
@@ -90,26 +104,33 @@ def earlier_sums(results: dict[str, Node]) -> dict[str, Node]:
     sum(-(dy * w * rstd + 2 * r0 * (x - mu))), becomes -(rstd * sum(dy * w) + 2 * r0 *
     (sum(x) - mu * N)), whose sums join the pass of the mean: one pass fewer. Products
     are never multiplied out, so sum((x - mu) * (x - mu)) stays as written."""
-    memo: dict[int, Node] = {}
     depth: dict[int, int] = {}
 
-    def visit(node: Node) -> Node:
-        done = memo.get(id(node))
-        if done is not None:
-            return done
-        result = with_args(node, tuple(visit(a) for a in node.args))
-        if result.op == "rsum":
-            parts = _linear_parts(result.args[0])
-            sums = [(f, reduce("rsum", r, result.value)) for f, r in parts]
-            if max(reduction_depth(s, depth) for _, s in sums) < reduction_depth(result, depth):
-                total = make("mul", *sums[0])
-                for f, s in sums[1:]:
-                    total = make("add", total, make("mul", f, s))
-                result = total
-        memo[id(node)] = result
-        return result
+    def step(node: Node) -> Node:
+        if node.op != "rsum":
+            return node
+        sums = [(f, reduce("rsum", r, node.value)) for f, r in _linear_parts(node.args[0])]
+        if max(reduction_depth(s, depth) for _, s in sums) >= reduction_depth(node, depth):
+            return node
+        total = make("mul", *sums[0])
+        for f, s in sums[1:]:
+            total = make("add", total, make("mul", f, s))
+        return total
 
-    return {name: visit(node) for name, node in results.items()}
+    return rewrite_bottom_up(results, step)
+
+
+def per_row_reciprocals(results: dict[str, Node]) -> dict[str, Node]:
+    """Rewrites a / r, a per element and r per row, as a * (1 / r): one division per row,
+    hoisted out of the pass, instead of one per element (an IEEE division costs about ten
+    instructions, a multiply one). Softmax's e / sum(e) becomes e * (1 / sum(e)). The
+    result may differ from the division in the last bit."""
+    def step(node: Node) -> Node:
+        if node.op == "div" and node.args[0].domain in ("elem", "col") and node.args[1].domain == "row":
+            return make("mul", node.args[0], make("div", const(1.0), node.args[1]))
+        return node
+
+    return rewrite_bottom_up(results, step)
 
 
 class ScopePrinter(StatementPrinter):
@@ -178,7 +199,8 @@ class RowProgram:
     def __init__(self, kernel: RowKernel, graph: Graph):
         self.kernel = kernel
         memo: dict[int, Node] = {}
-        self.results = earlier_sums({name: strip_no_grad(node, memo) for name, node in graph.results.items()})
+        self.results = per_row_reciprocals(
+            earlier_sums({name: strip_no_grad(node, memo) for name, node in graph.results.items()}))
         self.spec_names = {strip_no_grad(n, memo): name for n, name in graph.names.items()}
         self.taken = {i.name for i in kernel.inputs} | {name for name, _ in kernel.scalars} | {"length", "row", "at",
                                                                                                "terms"}

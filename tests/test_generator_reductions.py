@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from generator.autodiff import lower_backward
 from generator.errors import SpecError
-from generator.emit_row import earlier_sums, strip_no_grad
+from generator.emit_row import earlier_sums, per_row_reciprocals, strip_no_grad
 from generator.ir import REDUCTION_OPS, lower_forward, topological_order
 from generator.model import parse_spec
 from generator.yaml_source import parse_yaml
@@ -166,14 +166,21 @@ def _passes(results) -> int:
     return max(depth[id(n)] for n in results.values())
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_earlier_sums_keeps_the_value_of_every_result(name):
-    spec = spec_of(CASES[name])
-    torch.manual_seed(1)
+def _rewrite_inputs(spec, seed: int) -> dict[str, torch.Tensor]:
+    """Random float64 values of every input and output gradient of a test spec, for
+    checking that a rewrite of the IR keeps its results."""
+    torch.manual_seed(seed)
     values = {"x": torch.randn(ROWS, N, dtype=torch.float64) * 3 + 2, "weight": torch.randn(1, N, dtype=torch.float64),
               "bias": torch.randn(1, N, dtype=torch.float64)}
     values.update({f"grad_{o.name}": torch.randn(ROWS, N if o.shape[-1] == "N" else 1, dtype=torch.float64)
                    for o in spec.outputs})
+    return values
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_earlier_sums_keeps_the_value_of_every_result(name):
+    spec = spec_of(CASES[name])
+    values = _rewrite_inputs(spec, seed=1)
     for graph in (lower_forward(spec, {}), lower_backward(spec, {})):
         results = {k: strip_no_grad(v, {}) for k, v in graph.results.items()}
         rewritten = earlier_sums(results)
@@ -209,6 +216,31 @@ def test_earlier_sums_does_not_multiply_out_products():
     sums = [n for n in topological_order(earlier_sums(results).values()) if n.op == "rsum"]
     squares = [n for n in sums if n.args[0].op == "mul" and n.args[0].args[0] is n.args[0].args[1]]
     assert squares and all(n.args[0].args[0].op == "sub" for n in squares)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_per_row_reciprocals_keep_the_value_and_leave_no_division_by_a_row_value(name):
+    """a / r, r per row, becomes a * (1 / r): the same value in float64, and no element
+    of a pass divides by a per-row value any more (softmax's e / sum(e) did)."""
+    spec = spec_of(CASES[name])
+    values = _rewrite_inputs(spec, seed=2)
+    for graph in (lower_forward(spec, {}), lower_backward(spec, {})):
+        results = earlier_sums({k: strip_no_grad(v, {}) for k, v in graph.results.items()})
+        rewritten = per_row_reciprocals(results)
+        before, after = evaluate(results, values, {"eps": 1e-5}), evaluate(rewritten, values, {"eps": 1e-5})
+        for out in results:
+            torch.testing.assert_close(after[out], before[out], rtol=1e-12, atol=1e-12)
+        divisions = [n for n in topological_order(rewritten.values()) if n.op == "div"]
+        assert all(not (n.args[0].domain in ("elem", "col") and n.args[1].domain == "row") for n in divisions)
+
+
+def test_softmax_divides_once_per_row():
+    """The generated softmax multiplies each element by the reciprocal of the sum,
+    computed once per row before the pass over the elements."""
+    with open(ROOT / "csrc" / "generated" / "softmax_math.h", encoding="utf-8") as f:
+        forward = f.read().split("struct ForwardMath")[1].split("struct BackwardMath")[0]
+    elements = forward.split("row.for_each(")[1]
+    assert "/ sum_0" not in elements and "1.0f / sum_0" in forward.split("row.for_each(")[0]
 
 
 def test_domains_of_parameter_gradients_are_per_column():

@@ -42,10 +42,11 @@ struct ForwardMath {
       const float term = e;
       return term;
     });
+    const float r0 = 1.0f / sum_0;
     row.for_each([&](const auto& at) {
       const float x = at.load(0);
       const float e = F::exp(x - max_0);
-      const float y = e / sum_0;
+      const float y = e * r0;
       at.store(0, y);
     });
   }
@@ -85,12 +86,13 @@ struct BackwardMath {
     });
     const float sum_0 = sums_0[0];
     const float sum_1 = sums_0[1];
-    const float r0 = 1.0f / sum_0 / sum_0 * sum_1;
+    const float r0 = 1.0f / sum_0;
+    const float r1 = r0 / sum_0 * sum_1;
     row.for_each([&](const auto& at) {
       const float grad_y = at.load(0);
       const float x = at.load(1);
       const float e = F::exp(x - max_0);
-      const float grad_x = (grad_y / sum_0 - r0) * e;
+      const float grad_x = (grad_y * r0 - r1) * e;
       at.store(0, grad_x);
     });
   }

@@ -22,7 +22,7 @@ struct RowArgs {
   int64_t length;
   int64_t channels;  // channel ops ([B, C, *S]): C, and row r is channel r % C; else 0
   // Backward with per-column outputs only: fp32 partial sums [column sums, chunks, length],
-  // one per chunk of `rows_per_chunk` consecutive rows (zero-initialised), later summed
+  // one per chunk of `rows_per_chunk` consecutive rows (set by the kernels), later summed
   // over the chunks in order. A chunk is processed by one worker, its rows in order, so
   // the result is deterministic.
   float* partials;

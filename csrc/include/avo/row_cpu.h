@@ -58,15 +58,20 @@ struct SerialRow : RowView<T, Args> {
   void for_each(F body) const {
     for (int64_t n = 0; n < args.length; ++n) body(At{*this, n});
   }
-  // Adds this row's K per-column terms to the partial sums of its chunk (fp32, rows in order).
+  // Adds this row's K per-column terms to the partial sums of its chunk (fp32, rows in
+  // order); the chunk's first row sets them (the partials start uninitialised).
   template <int K, typename F>
   void column_sums(F terms_at) const {
     if (args.partials == nullptr) return;
     const int64_t chunk = r / args.rows_per_chunk;
+    const bool first = r % args.rows_per_chunk == 0;
     for (int64_t n = 0; n < args.length; ++n) {
       float terms[K];
       terms_at(At{*this, n}, terms);
-      for (int k = 0; k < K; ++k) args.partials[(k * args.chunks + chunk) * args.length + n] += terms[k];
+      for (int k = 0; k < K; ++k) {
+        float& partial = args.partials[(k * args.chunks + chunk) * args.length + n];
+        partial = first ? terms[k] : partial + terms[k];
+      }
     }
   }
   void store_row(int k, float value) const { static_cast<T*>(args.outputs[k])[r] = Element<T>::from_float(value); }

@@ -477,13 +477,18 @@ struct GlobalRow : RowView<T, Args>, Reductions<GlobalRow<T, Args>> {
     for (int64_t n = threadIdx.x; n < args.length; n += blockDim.x) body(At{*this, n});
   }
   // Each thread owns the same columns in every row of the chunk: no races, fixed order.
+  // The chunk's first row sets the partials (they start uninitialised), the others add.
   template <int K, typename F>
   __device__ void column_sums(F terms_at) const {
     if (chunk < 0) return;
+    const bool first = r == chunk * args.rows_per_chunk;
     for (int64_t n = threadIdx.x; n < args.length; n += blockDim.x) {
       float terms[K];
       terms_at(At{*this, n}, terms);
-      for (int k = 0; k < K; ++k) args.partials[(k * args.chunks + chunk) * args.length + n] += terms[k];
+      for (int k = 0; k < K; ++k) {
+        float& partial = args.partials[(k * args.chunks + chunk) * args.length + n];
+        partial = first ? terms[k] : partial + terms[k];
+      }
     }
   }
   __device__ void store_row(int k, float value) const {
