@@ -674,34 +674,41 @@ __global__ void __launch_bounds__(kGlobalRowThreads) global_row_kernel(const Arg
     math.template apply<PrecisionFor<T>>(GlobalRow<T, Args>(args, r, chunk));
 }
 
-// The column finish: a block takes kFinishColumns columns of one per-column output, its
-// threads split the chunks kFinishSlices ways. Few columns (short rows) leave few blocks,
-// so each thread must keep many loads in flight: its loop is unrolled 8 times, so it
-// issues 8 loads before it adds them.
-constexpr int kFinishColumns = 32;  // a warp reads one 128-byte line per chunk
-constexpr int kFinishSlices = 32;
+// The column finish: a block of kFinishThreads threads takes `columns` columns of one
+// per-column output, and its threads split the chunks kFinishThreads / columns ways
+// (slices). Short rows leave few columns, so few blocks: 32 columns a block, 32 slices,
+// and each thread keeps many loads in flight (its loop is unrolled 8 times, so it issues
+// 8 loads before it adds them). Long rows have columns to spare: 256 a block and 4
+// slices, so that each block has more loads to overlap than its start and final sum
+// cost (with 32 slices, layernorm's backward at 256x262144 spent 487 us in the finish,
+// a quarter of the copy bandwidth).
+constexpr int kFinishThreads = 1024;
+constexpr int kFinishMaxSlices = 32;
+inline int finish_columns(int64_t length) { return length >= 32768 ? 256 : kFinishThreads / kFinishMaxSlices; }
 
 // Per-column output blockIdx.y: the partials of each column, summed over the chunks.
-// Slice s adds chunks s, s + kFinishSlices, ... in order, then slice 0 adds the slices'
-// sums in order: a fixed order for given shapes, so the result is deterministic.
+// Slice s adds chunks s, s + slices, ... in order, then slice 0 adds the slices' sums in
+// order: a fixed order for given shapes, so the result is deterministic.
 template <typename T, typename Args, typename Math>
-__global__ void __launch_bounds__(kFinishColumns * kFinishSlices) column_finish_kernel(const Args args) {
-  __shared__ float slice_sums[kFinishSlices][kFinishColumns + 1];  // +1: no bank conflicts
-  const int k = blockIdx.y, column = threadIdx.x % kFinishColumns, slice = threadIdx.x / kFinishColumns;
+__global__ void __launch_bounds__(kFinishThreads) column_finish_kernel(const Args args, int columns) {
+  // A row of `columns` + 1 floats per slice (the +1 keeps the slices' rows in different banks).
+  __shared__ float slice_sums[kFinishThreads + kFinishMaxSlices];
+  const int slices = kFinishThreads / columns;
+  const int k = blockIdx.y, column = threadIdx.x % columns, slice = threadIdx.x / columns;
   T* out = static_cast<T*>(args.outputs[Math::column_output(k)]);
   if (out == nullptr) return;  // the same for the whole block
-  const int64_t n = int64_t(blockIdx.x) * kFinishColumns + column;
+  const int64_t n = int64_t(blockIdx.x) * columns + column;
   float total = 0.0f;
   if (n < args.length) {
     const float* partial = args.partials + int64_t(k) * args.chunks * args.length + n;
 #pragma unroll 8
-    for (int64_t c = slice; c < args.chunks; c += kFinishSlices) total += partial[c * args.length];
+    for (int64_t c = slice; c < args.chunks; c += slices) total += partial[c * args.length];
   }
-  slice_sums[slice][column] = total;
+  slice_sums[slice * (columns + 1) + column] = total;
   __syncthreads();
   if (slice != 0 || n >= args.length) return;
-  float sum = slice_sums[0][column];
-  for (int s = 1; s < kFinishSlices; ++s) sum += slice_sums[s][column];
+  float sum = slice_sums[column];
+  for (int s = 1; s < slices; ++s) sum += slice_sums[s * (columns + 1) + column];
   out[n] = Element<T>::from_float(sum);
 }
 
@@ -856,8 +863,9 @@ void launch_row_op(const Args& args, const Math& math, int64_t staged_min_vector
     }
   }
   if (chunked && args.length > 0) {
-    const dim3 finish_blocks(unsigned((args.length + kFinishColumns - 1) / kFinishColumns), Math::kColumnSums);
-    column_finish_kernel<T, Args, Math><<<finish_blocks, kFinishColumns * kFinishSlices, 0, stream>>>(args);
+    const int columns = finish_columns(args.length);
+    const dim3 finish_blocks(unsigned((args.length + columns - 1) / columns), Math::kColumnSums);
+    column_finish_kernel<T, Args, Math><<<finish_blocks, kFinishThreads, 0, stream>>>(args, columns);
   }
 }
 
