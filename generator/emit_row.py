@@ -31,31 +31,24 @@ def with_args(node: Node, args: tuple[Node, ...]) -> Node:
     return make(node.op, *args)
 
 
-def strip_no_grad(node: Node, memo: dict[int, Node]) -> Node:
-    """The same expression without no_grad markers (they only matter to autodiff)."""
+def rewrite_node(node: Node, step, memo: dict[int, Node]) -> Node:
+    """`node` rebuilt from its rewritten arguments and then passed through `step`; each
+    node is rewritten once per `memo`, so shared subexpressions stay shared."""
     done = memo.get(id(node))
-    if done is not None:
-        return done
-    if node.op == "no_grad":
-        result = strip_no_grad(node.args[0], memo)
-    else:
-        result = with_args(node, tuple(strip_no_grad(a, memo) for a in node.args))
-    memo[id(node)] = result
-    return result
+    if done is None:
+        done = memo[id(node)] = step(with_args(node, tuple(rewrite_node(a, step, memo) for a in node.args)))
+    return done
 
 
 def rewrite_bottom_up(results: dict[str, Node], step) -> dict[str, Node]:
-    """`results` with every node rebuilt from its rewritten arguments and then passed
-    through `step` (once per node, shared subexpressions stay shared)."""
+    """`results` with every node rewritten by rewrite_node (one memo for all of them)."""
     memo: dict[int, Node] = {}
+    return {name: rewrite_node(node, step, memo) for name, node in results.items()}
 
-    def visit(node: Node) -> Node:
-        done = memo.get(id(node))
-        if done is None:
-            done = memo[id(node)] = step(with_args(node, tuple(visit(a) for a in node.args)))
-        return done
 
-    return {name: visit(node) for name, node in results.items()}
+def strip_no_grad(node: Node, memo: dict[int, Node]) -> Node:
+    """The same expression without no_grad markers (they only matter to autodiff)."""
+    return rewrite_node(node, lambda n: n.args[0] if n.op == "no_grad" else n, memo)
 
 
 def reduction_depth(node: Node, memo: dict[int, int]) -> int:
