@@ -126,6 +126,11 @@ def per_row_reciprocals(results: dict[str, Node]) -> dict[str, Node]:
     return rewrite_bottom_up(results, step)
 
 
+def column_default(i) -> str:
+    """The C++ value of per-column input `i` where a call leaves it out."""
+    return float_literal(i.default if i.default is not None else 0.0)
+
+
 class ScopePrinter(StatementPrinter):
     """Declares `roots` (C++ name -> node) as `const float` lines; nodes in `known`
     are already computed and referenced by name."""
@@ -217,7 +222,7 @@ class RowProgram:
             if i.domain == "elem":
                 value = f"at.load({k})"
             else:
-                value = f"at.load_col({k}, {float_literal(i.default if i.default is not None else 0.0)})"
+                value = f"at.load_col({k}, {column_default(i)})"
             lines.append(f"const float {node.value} = {value};")
         return lines
 
@@ -248,10 +253,18 @@ class RowProgram:
             self.known[id(node)] = name
         return lines
 
-    def _element_block(self, roots: dict[str, Node]) -> list[str]:
+    def _columns_read(self, nodes: list[Node]) -> str:
+        """The per-column inputs these nodes read, as the tag a pass takes first:
+        `avo::columns<1, 2>` (input indices; `avo::columns<>` for none). The GPU rows load
+        exactly these, a 16-byte vector at a time, in that pass."""
+        read = sorted({self.input_index[n.value] for n in nodes if n.op == "input" and self.domains[n.value] == "col"})
+        return f"avo::columns<{', '.join(str(k) for k in read)}>"
+
+    def _element_block(self, roots: dict[str, Node]) -> tuple[list[str], str]:
+        """The body of a pass's lambda (its loads, then its math) and its columns tag."""
         printer = ScopePrinter(roots, self.known, self.leaf_names, self.spec_names, set(self.taken))
         body = printer.lines()
-        return self._loads(printer.order) + body
+        return self._loads(printer.order) + body, self._columns_read(printer.order)
 
     # -- the program ---------------------------------------------------------------
 
@@ -279,8 +292,8 @@ class RowProgram:
                 if len(sums) > 1 and r.op == "rsum":
                     continue
                 name = _fresh(self.taken, f"{REDUCE_CALL[r.op]}_")
-                block = self._element_block({"term": r.args[0]})
-                lines.append(f"const float {name} = row.{REDUCE_CALL[r.op]}([&](const auto& at) {{")
+                block, columns = self._element_block({"term": r.args[0]})
+                lines.append(f"const float {name} = row.{REDUCE_CALL[r.op]}({columns}, [&](const auto& at) {{")
                 lines += [f"  {line}" for line in block] + ["  return term;", "});"]
                 self.known[id(r)] = name
         outputs = list(self.kernel.outputs)
@@ -296,8 +309,8 @@ class RowProgram:
                 lines.append(f"row.{store_row[name]}({self._output_index(name)}, {value});")
         if elem:
             lines += self._hoist(list(elem.values()))
-            block = self._element_block(dict(elem))
-            lines.append("row.for_each([&](const auto& at) {")
+            block, columns = self._element_block(dict(elem))
+            lines.append(f"row.for_each({columns}, [&](const auto& at) {{")
             lines += [f"  {line}" for line in block]
             lines += [f"  at.store({self._output_index(name)}, {name});" for name in elem]
             lines.append("});")
@@ -306,8 +319,8 @@ class RowProgram:
             roots = {f"term_{k}": node.args[0] if node.op == "colsum" else node
                      for k, node in enumerate(self.column_sums.values())}
             lines += self._hoist(list(roots.values()))
-            block = self._element_block(roots)
-            lines.append("row.template column_sums<kColumnSums>([&](const auto& at, float* terms) {")
+            block, columns = self._element_block(roots)
+            lines.append(f"row.template column_sums<kColumnSums>({columns}, [&](const auto& at, float* terms) {{")
             lines += [f"  {line}" for line in block]
             lines += [f"  terms[{k}] = term_{k};" for k in range(len(roots))]
             lines.append("});")
@@ -317,8 +330,8 @@ class RowProgram:
         """Sums of one level computed together: `row.sums(array, terms)`."""
         names = [_fresh(self.taken, "sum_") for _ in sums]
         array = _fresh(self.taken, "sums_")
-        block = self._element_block({f"term_{k}": r.args[0] for k, r in enumerate(sums)})
-        lines = [f"float {array}[{len(sums)}];", f"row.sums({array}, [&](const auto& at, float* terms) {{"]
+        block, columns = self._element_block({f"term_{k}": r.args[0] for k, r in enumerate(sums)})
+        lines = [f"float {array}[{len(sums)}];", f"row.sums({columns}, {array}, [&](const auto& at, float* terms) {{"]
         lines += [f"  {line}" for line in block] + [f"  terms[{k}] = term_{k};" for k in range(len(sums))]
         lines += ["});"] + [f"const float {name} = {array}[{k}];" for k, name in enumerate(names)]
         for r, name in zip(sums, names):
@@ -409,7 +422,11 @@ def emit_row_math(s: OpSchedule) -> str:
                       "  // Per-column outputs (summed over rows by the column pass): how many, and where.",
                       f"  static constexpr int kColumnSums = {len(columns)};",
                       "  AVO_HOST_DEVICE static constexpr int column_output(int k) { return "
-                      + "".join(f"k == {k} ? {c} : " for k, c in enumerate(columns)) + "-1; }", ""]
+                      + "".join(f"k == {k} ? {c} : " for k, c in enumerate(columns)) + "-1; }",
+                      "  // The value of per-column input k where the call leaves it out (as in at.load_col).",
+                      "  AVO_HOST_DEVICE static constexpr float column_default(int k) { return "
+                      + "".join(f"k == {k} ? {column_default(i)} : " for k, i in enumerate(kernel.inputs)
+                                if i.domain == "col") + "0.0f; }", ""]
             lines += ["  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or",
                       "  // avo/row_cuda.cuh.",
                       "  template <typename Precision, typename Row>",

@@ -1,6 +1,6 @@
 """The parts of benchmarks/ that need no GPU: the sweep plan and its byte counts, the case
 table against torch on CPU, the Markdown and PNG reports of a small synthetic result, the
-host-overhead script on CPU."""
+host-overhead script on CPU, the comparison of two runs."""
 from __future__ import annotations
 
 import json
@@ -16,6 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import bench_cases  # noqa: E402
+import compare_runs  # noqa: E402
 import bench_host_overhead  # noqa: E402
 import bench_ops  # noqa: E402
 import bench_report  # noqa: E402
@@ -267,3 +268,29 @@ def test_host_overhead_runs_on_cpu_and_reports_every_op(tmp_path, capsys):
     md = (tmp_path / "host_overhead.md").read_text()
     assert md.count("\n| ") == 1 + len(report["rows"])  # header + one line per row
     assert "layernorm" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- two runs
+
+def _run_json(path, copy_gbps, cases):
+    rows = [{"op": op, "dir": d, "dtype": dt, "shape": list(shape),
+             "results": {"avo": {"gbps": gbps, "frac_copy": gbps / copy_gbps}}}
+            for (op, d, dt, shape), gbps in cases.items()]
+    path.write_text(json.dumps({"copy_gbps": copy_gbps, "rows": rows}))
+    return str(path)
+
+
+def test_compare_runs_divides_by_each_runs_copy_and_takes_the_geomean(tmp_path):
+    """Two runs on GPUs whose copy bandwidth differs: each case is compared as a fraction of
+    its own run's copy; the per-op line is the geometric mean of the ratios; a case in one
+    run only is left out."""
+    a, b = ("layernorm", "fwd", "bf16", (4, 8)), ("layernorm", "fwd", "bf16", (2, 16))
+    before = _run_json(tmp_path / "before.json", 4000.0, {a: 2000.0, b: 1000.0, ("gelu", "fwd", "bf16", (4, 8)): 10.0})
+    after = _run_json(tmp_path / "after.json", 2000.0, {a: 2000.0, b: 250.0})
+    lines = compare_runs.compare(compare_runs.load_cases(before), compare_runs.load_cases(after))
+    text = "\n".join(lines)
+    # a: 0.50 -> 1.00 of copy (2x); b: 0.25 -> 0.125 (0.5x); geomean 1.0.
+    assert "| layernorm | fwd | bf16 | 4x8 | 0.50 | 1.00 | 2.000 |" in text
+    assert "| layernorm | fwd | bf16 | 2x16 | 0.25 | 0.12 | 0.500 |" in text
+    assert "| layernorm | fwd | 2 | 1.000 | 0.500 | 2.000 |" in text
+    assert "gelu" not in text

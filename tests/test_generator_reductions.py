@@ -4,6 +4,7 @@ torch.autograd in float64. The IR is evaluated here by a small interpreter over 
 tensors laid out as [rows, N] (per-row values [rows, 1], per-column values [1, N])."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -261,3 +262,46 @@ def test_reduction_errors_name_the_line(line, message):
         lower_forward(spec_of(text), {})
     assert str(error.value).startswith("specs/t.yaml:9: ")
     assert message in str(error.value)
+
+
+PASS_CALL = re.compile(r"row\.(?:template )?(sum|sums|max|min|for_each|column_sums)(?:<\w+>)?\(avo::columns<([0-9, ]*)>")
+
+
+def _passes_and_columns(source: str) -> list[tuple[str, set[int], set[int]]]:
+    """(call, the columns its tag lists, the per-column inputs its lambda loads) for
+    every pass over a row in a generated *_math.h."""
+    found = []
+    for match in PASS_CALL.finditer(source):
+        body = source[match.end():source.index("});", match.end())]
+        tagged = {int(k) for k in match.group(2).replace(" ", "").split(",") if k}
+        loaded = {int(k) for k in re.findall(r"at\.load_col\((\d+),", body)}
+        found.append((match.group(1), tagged, loaded))
+    return found
+
+
+ROW_MATH = [p for p in sorted((ROOT / "csrc" / "generated").glob("*_math.h"))
+            if "apply(const Row& row)" in p.read_text(encoding="utf-8")]
+
+
+@pytest.mark.parametrize("path", ROW_MATH, ids=lambda p: p.name)
+def test_every_pass_lists_exactly_the_columns_it_reads(path):
+    """Each pass over a row names the per-column inputs (weight, bias) its lambda loads:
+    the GPU rows load only those, one 16-byte vector at a time, so a missing index would
+    read an unloaded vector and an extra one would load for nothing."""
+    source = path.read_text(encoding="utf-8")
+    passes = _passes_and_columns(source)
+    every_call = re.findall(r"row\.(?:template )?(?:sum|sums|max|min|for_each|column_sums)(?:<\w+>)?\(", source)
+    assert passes and len(passes) == len(every_call)
+    for call, tagged, loaded in passes:
+        assert tagged == loaded, (call, tagged, loaded)
+
+
+def test_layernorm_reads_weight_and_bias_only_where_it_uses_them():
+    """The forward's reductions read no parameter; its output pass reads weight and bias
+    (inputs 1 and 2). The backward reads weight (input 2) in its sums and its grad_x
+    pass, and no parameter in the pass that sums the parameter gradients."""
+    source = (ROOT / "csrc" / "generated" / "layernorm_math.h").read_text(encoding="utf-8")
+    forward, backward = source.split("struct BackwardMath")
+    assert [(c, t) for c, t, _ in _passes_and_columns(forward)] == [("sum", set()), ("sum", set()), ("for_each", {1, 2})]
+    assert [(c, t) for c, t, _ in _passes_and_columns(backward)] == [
+        ("sums", {2}), ("sums", {2}), ("for_each", {2}), ("column_sums", set())]

@@ -25,6 +25,8 @@ struct ForwardMath {
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 0;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
+  // The value of per-column input k where the call leaves it out (as in at.load_col).
+  AVO_HOST_DEVICE static constexpr float column_default(int k) { return k == 2 ? 1.0f : 0.0f; }
 
   // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
   // avo/row_cuda.cuh.
@@ -32,7 +34,7 @@ struct ForwardMath {
   AVO_HOST_DEVICE void apply(const Row& row) const {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
-    const float sum_0 = row.sum([&](const auto& at) {
+    const float sum_0 = row.sum(avo::columns<>, [&](const auto& at) {
       const float x = at.load(0);
       const float residual = at.load(1);
       const float hidden = x + residual;
@@ -40,7 +42,7 @@ struct ForwardMath {
       return term;
     });
     const float rrms = F::rsqrt(sum_0 / length + eps);
-    row.for_each([&](const auto& at) {
+    row.for_each(avo::columns<2>, [&](const auto& at) {
       const float x = at.load(0);
       const float residual = at.load(1);
       const float weight = at.load_col(2, 1.0f);
@@ -63,6 +65,8 @@ struct BackwardMath {
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 1;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return k == 0 ? 2 : -1; }
+  // The value of per-column input k where the call leaves it out (as in at.load_col).
+  AVO_HOST_DEVICE static constexpr float column_default(int k) { return k == 4 ? 1.0f : 0.0f; }
 
   // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
   // avo/row_cuda.cuh.
@@ -71,7 +75,7 @@ struct BackwardMath {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
     float sums_0[2];
-    row.sums(sums_0, [&](const auto& at, float* terms) {
+    row.sums(avo::columns<4>, sums_0, [&](const auto& at, float* terms) {
       const float x = at.load(2);
       const float residual = at.load(3);
       const float grad_y = at.load(1);
@@ -86,7 +90,7 @@ struct BackwardMath {
     const float sum_1 = sums_0[1];
     const float rrms = F::rsqrt(sum_0 / length + eps);
     const float r0 = sum_1 * (-0.5f) * (rrms * rrms * rrms) / length;
-    row.for_each([&](const auto& at) {
+    row.for_each(avo::columns<4>, [&](const auto& at) {
       const float grad_hidden = at.load(0);
       const float grad_y = at.load(1);
       const float weight = at.load_col(4, 1.0f);
@@ -99,7 +103,7 @@ struct BackwardMath {
       at.store(0, grad_x);
       at.store(1, grad_residual);
     });
-    row.template column_sums<kColumnSums>([&](const auto& at, float* terms) {
+    row.template column_sums<kColumnSums>(avo::columns<>, [&](const auto& at, float* terms) {
       const float grad_y = at.load(1);
       const float x = at.load(2);
       const float residual = at.load(3);

@@ -28,6 +28,8 @@ struct ForwardMath {
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 0;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
+  // The value of per-column input k where the call leaves it out (as in at.load_col).
+  AVO_HOST_DEVICE static constexpr float column_default(int k) { return 0.0f; }
 
   // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
   // avo/row_cuda.cuh.
@@ -37,14 +39,14 @@ struct ForwardMath {
     [[maybe_unused]] const float length = float(row.length());
     const float gamma = row.load_channel(1, 1.0f);
     const float beta = row.load_channel(2, 0.0f);
-    const float sum_0 = row.sum([&](const auto& at) {
+    const float sum_0 = row.sum(avo::columns<>, [&](const auto& at) {
       const float x = at.load(0);
       const float s = swish ? x * F::sigmoid(x) : x;
       const float term = s;
       return term;
     });
     const float mu = sum_0 / length;
-    const float sum_1 = row.sum([&](const auto& at) {
+    const float sum_1 = row.sum(avo::columns<>, [&](const auto& at) {
       const float x = at.load(0);
       const float s = swish ? x * F::sigmoid(x) : x;
       const float centered = s - mu;
@@ -52,7 +54,7 @@ struct ForwardMath {
       return term;
     });
     const float rstd = F::rsqrt(sum_1 / length + eps);
-    row.for_each([&](const auto& at) {
+    row.for_each(avo::columns<>, [&](const auto& at) {
       const float x = at.load(0);
       const float s = swish ? x * F::sigmoid(x) : x;
       const float centered = s - mu;
@@ -74,6 +76,8 @@ struct BackwardMath {
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 0;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
+  // The value of per-column input k where the call leaves it out (as in at.load_col).
+  AVO_HOST_DEVICE static constexpr float column_default(int k) { return 0.0f; }
 
   // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
   // avo/row_cuda.cuh.
@@ -83,7 +87,7 @@ struct BackwardMath {
     [[maybe_unused]] const float length = float(row.length());
     const float gamma = row.load_channel(2, 1.0f);
     float sums_0[2];
-    row.sums(sums_0, [&](const auto& at, float* terms) {
+    row.sums(avo::columns<>, sums_0, [&](const auto& at, float* terms) {
       const float x = at.load(1);
       const float grad_y = at.load(0);
       const float s = swish ? x * F::sigmoid(x) : x;
@@ -96,7 +100,7 @@ struct BackwardMath {
     const float sum_1 = sums_0[1];
     const float mu = sum_0 / length;
     float sums_1[4];
-    row.sums(sums_1, [&](const auto& at, float* terms) {
+    row.sums(avo::columns<>, sums_1, [&](const auto& at, float* terms) {
       const float x = at.load(1);
       const float grad_y = at.load(0);
       const float s = swish ? x * F::sigmoid(x) : x;
@@ -122,7 +126,7 @@ struct BackwardMath {
     const float r2 = sum_3 * (-0.5f) * (r1 * r1 * r1) / length;
     const float t0 = r2 * sum_4;
     const float r3 = (-(gamma * r1 * sum_1) - t0 - t0) / length;
-    row.for_each([&](const auto& at) {
+    row.for_each(avo::columns<>, [&](const auto& at) {
       const float grad_y = at.load(0);
       const float x = at.load(1);
       const float t0 = F::sigmoid(x);

@@ -24,6 +24,8 @@ struct ForwardMath {
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 0;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
+  // The value of per-column input k where the call leaves it out (as in at.load_col).
+  AVO_HOST_DEVICE static constexpr float column_default(int k) { return 0.0f; }
 
   // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
   // avo/row_cuda.cuh.
@@ -31,19 +33,19 @@ struct ForwardMath {
   AVO_HOST_DEVICE void apply(const Row& row) const {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
-    const float max_0 = row.max([&](const auto& at) {
+    const float max_0 = row.max(avo::columns<>, [&](const auto& at) {
       const float x = at.load(0);
       const float term = x;
       return term;
     });
-    const float sum_0 = row.sum([&](const auto& at) {
+    const float sum_0 = row.sum(avo::columns<>, [&](const auto& at) {
       const float x = at.load(0);
       const float e = F::exp(x - max_0);
       const float term = e;
       return term;
     });
     const float r0 = 1.0f / sum_0;
-    row.for_each([&](const auto& at) {
+    row.for_each(avo::columns<>, [&](const auto& at) {
       const float x = at.load(0);
       const float e = F::exp(x - max_0);
       const float y = e * r0;
@@ -62,6 +64,8 @@ struct BackwardMath {
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 0;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
+  // The value of per-column input k where the call leaves it out (as in at.load_col).
+  AVO_HOST_DEVICE static constexpr float column_default(int k) { return 0.0f; }
 
   // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
   // avo/row_cuda.cuh.
@@ -69,13 +73,13 @@ struct BackwardMath {
   AVO_HOST_DEVICE void apply(const Row& row) const {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
-    const float max_0 = row.max([&](const auto& at) {
+    const float max_0 = row.max(avo::columns<>, [&](const auto& at) {
       const float x = at.load(1);
       const float term = x;
       return term;
     });
     float sums_0[2];
-    row.sums(sums_0, [&](const auto& at, float* terms) {
+    row.sums(avo::columns<>, sums_0, [&](const auto& at, float* terms) {
       const float x = at.load(1);
       const float grad_y = at.load(0);
       const float e = F::exp(x - max_0);
@@ -88,7 +92,7 @@ struct BackwardMath {
     const float sum_1 = sums_0[1];
     const float r0 = 1.0f / sum_0;
     const float r1 = r0 / sum_0 * sum_1;
-    row.for_each([&](const auto& at) {
+    row.for_each(avo::columns<>, [&](const auto& at) {
       const float grad_y = at.load(0);
       const float x = at.load(1);
       const float e = F::exp(x - max_0);

@@ -25,6 +25,8 @@ struct ForwardMath {
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 0;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
+  // The value of per-column input k where the call leaves it out (as in at.load_col).
+  AVO_HOST_DEVICE static constexpr float column_default(int k) { return k == 1 ? 1.0f : k == 2 ? 0.0f : 0.0f; }
 
   // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
   // avo/row_cuda.cuh.
@@ -32,14 +34,14 @@ struct ForwardMath {
   AVO_HOST_DEVICE void apply(const Row& row) const {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
-    const float sum_0 = row.sum([&](const auto& at) {
+    const float sum_0 = row.sum(avo::columns<>, [&](const auto& at) {
       const float x = at.load(0);
       const float swish = x * F::sigmoid(x);
       const float term = swish;
       return term;
     });
     const float mu = sum_0 / length;
-    const float sum_1 = row.sum([&](const auto& at) {
+    const float sum_1 = row.sum(avo::columns<>, [&](const auto& at) {
       const float x = at.load(0);
       const float swish = x * F::sigmoid(x);
       const float centered = swish - mu;
@@ -47,7 +49,7 @@ struct ForwardMath {
       return term;
     });
     const float rstd = F::rsqrt(sum_1 / length + eps);
-    row.for_each([&](const auto& at) {
+    row.for_each(avo::columns<1, 2>, [&](const auto& at) {
       const float x = at.load(0);
       const float weight = at.load_col(1, 1.0f);
       const float bias = at.load_col(2, 0.0f);
@@ -70,6 +72,8 @@ struct BackwardMath {
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 2;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return k == 0 ? 1 : k == 1 ? 2 : -1; }
+  // The value of per-column input k where the call leaves it out (as in at.load_col).
+  AVO_HOST_DEVICE static constexpr float column_default(int k) { return k == 2 ? 1.0f : k == 3 ? 0.0f : 0.0f; }
 
   // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
   // avo/row_cuda.cuh.
@@ -78,7 +82,7 @@ struct BackwardMath {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
     float sums_0[2];
-    row.sums(sums_0, [&](const auto& at, float* terms) {
+    row.sums(avo::columns<2>, sums_0, [&](const auto& at, float* terms) {
       const float x = at.load(1);
       const float grad_y = at.load(0);
       const float weight = at.load_col(2, 1.0f);
@@ -92,7 +96,7 @@ struct BackwardMath {
     const float sum_1 = sums_0[1];
     const float mu = sum_0 / length;
     float sums_1[3];
-    row.sums(sums_1, [&](const auto& at, float* terms) {
+    row.sums(avo::columns<2>, sums_1, [&](const auto& at, float* terms) {
       const float x = at.load(1);
       const float grad_y = at.load(0);
       const float weight = at.load_col(2, 1.0f);
@@ -112,7 +116,7 @@ struct BackwardMath {
     const float r0 = sum_3 * (-0.5f) * (rstd * rstd * rstd) / length;
     const float t0 = r0 * sum_4;
     const float r1 = (-(rstd * sum_1) - t0 - t0) / length;
-    row.for_each([&](const auto& at) {
+    row.for_each(avo::columns<2>, [&](const auto& at) {
       const float grad_y = at.load(0);
       const float weight = at.load_col(2, 1.0f);
       const float x = at.load(1);
@@ -124,7 +128,7 @@ struct BackwardMath {
       const float grad_x = t2 * t0 + t2 * x * (t0 * (1.0f - t0));
       at.store(0, grad_x);
     });
-    row.template column_sums<kColumnSums>([&](const auto& at, float* terms) {
+    row.template column_sums<kColumnSums>(avo::columns<>, [&](const auto& at, float* terms) {
       const float grad_y = at.load(0);
       const float x = at.load(1);
       const float swish = x * F::sigmoid(x);

@@ -30,6 +30,17 @@ struct RowArgs {
   int64_t rows_per_chunk;
 };
 
+// The per-column inputs (weight, bias) that one pass over a row reads, bit k for input
+// k. The generated math hands one to every pass, `row.for_each(avo::columns<1, 2>, body)`,
+// so that a GPU row loads exactly those inputs, a 16-byte vector at a time, in that pass
+// and in no other (the CPU row reads elements and ignores it).
+template <unsigned Mask>
+struct Columns {
+  static constexpr unsigned kMask = Mask;
+};
+template <int... K>
+inline constexpr Columns<(0u | ... | (1u << K))> columns{};
+
 // Reads and writes of one row `r`, for the generated math. Loads return float.
 template <typename T, typename Args>
 struct RowView {

@@ -25,15 +25,17 @@ struct SerialRow : RowView<T, Args> {
     void store(int k, float value) const { row.store(k, n, value); }
   };
 
-  template <typename F>
-  float sum(F term) const {
+  // Every pass takes the per-column inputs it reads (Columns, row_args.h) first; the
+  // CPU reads them element by element and needs no list.
+  template <unsigned M, typename F>
+  float sum(Columns<M>, F term) const {
     double total = 0.0;
     for (int64_t n = 0; n < args.length; ++n) total += term(At{*this, n});
     return float(total);
   }
   // Several sums in one pass: out[k] = the sum of terms[k] over the row.
-  template <int K, typename F>
-  void sums(float (&out)[K], F terms_at) const {
+  template <unsigned M, int K, typename F>
+  void sums(Columns<M>, float (&out)[K], F terms_at) const {
     double total[K] = {};
     for (int64_t n = 0; n < args.length; ++n) {
       float terms[K];
@@ -42,26 +44,26 @@ struct SerialRow : RowView<T, Args> {
     }
     for (int k = 0; k < K; ++k) out[k] = float(total[k]);
   }
-  template <typename F>
-  float max(F term) const {
+  template <unsigned M, typename F>
+  float max(Columns<M>, F term) const {
     float best = -std::numeric_limits<float>::infinity();
     for (int64_t n = 0; n < args.length; ++n) best = Functions<Exact>::maximum(best, term(At{*this, n}));
     return best;
   }
-  template <typename F>
-  float min(F term) const {
+  template <unsigned M, typename F>
+  float min(Columns<M>, F term) const {
     float best = std::numeric_limits<float>::infinity();
     for (int64_t n = 0; n < args.length; ++n) best = Functions<Exact>::minimum(best, term(At{*this, n}));
     return best;
   }
-  template <typename F>
-  void for_each(F body) const {
+  template <unsigned M, typename F>
+  void for_each(Columns<M>, F body) const {
     for (int64_t n = 0; n < args.length; ++n) body(At{*this, n});
   }
   // Adds this row's K per-column terms to the partial sums of its chunk (fp32, rows in
   // order); the chunk's first row sets them (the partials start uninitialised).
-  template <int K, typename F>
-  void column_sums(F terms_at) const {
+  template <int K, unsigned M, typename F>
+  void column_sums(Columns<M>, F terms_at) const {
     if (args.partials == nullptr) return;
     const int64_t chunk = r / args.rows_per_chunk;
     const bool first = r % args.rows_per_chunk == 0;

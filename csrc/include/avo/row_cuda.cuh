@@ -45,6 +45,64 @@ constexpr int kGlobalRowThreads = 512; // block (and group) of GlobalRow kernels
 constexpr int kStages = 3;             // rows a StagedRow block holds: one computed, two arriving
 constexpr int kStagedVectors = 4;      // vectors per thread of a StagedRow (its block: vectors / 4)
 
+// V elements of T as a row keeps them in registers: the 32-bit words of a 16-byte (or
+// 4-byte) vector, two 16-bit elements to a word, each element converted to float where
+// it is read. Held as V separate 16-bit values instead, a bf16 vector takes eight
+// registers rather than four and a repack per element, and the row kernels are bound by
+// the instructions they issue. A single 16-bit element (rows that are not 16-byte
+// aligned) is kept as it is.
+template <typename T, int V, bool kWords = (sizeof(T) * V) % 4 == 0>
+struct Packed {
+  unsigned w[sizeof(T) * V / 4];
+
+  __device__ __forceinline__ void load(const T* p) {
+    if constexpr (sizeof(w) == 16) {
+      const uint4 bits = *reinterpret_cast<const uint4*>(p);
+      w[0] = bits.x, w[1] = bits.y, w[2] = bits.z, w[3] = bits.w;
+    } else {
+      static_assert(sizeof(w) == 4, "a packed vector is 16 or 4 bytes");
+      w[0] = *reinterpret_cast<const unsigned*>(p);
+    }
+  }
+  // Every element set to `value` (a missing parameter's default).
+  __device__ __forceinline__ void fill(float value) {
+    unsigned word = __float_as_uint(value);
+    if constexpr (sizeof(T) == 2) {
+      const unsigned short bits = std::is_same<T, __half>::value ? __half_as_ushort(__float2half_rn(value))
+                                                                  : __bfloat16_as_ushort(__float2bfloat16_rn(value));
+      word = unsigned(bits) | (unsigned(bits) << 16);
+    }
+    AVO_UNROLL
+    for (int i = 0; i < int(sizeof(w) / 4); ++i) w[i] = word;
+  }
+  __device__ __forceinline__ void zero() {
+    AVO_UNROLL
+    for (int i = 0; i < int(sizeof(w) / 4); ++i) w[i] = 0u;
+  }
+  // Element j as float: bf16 by one shift or mask, fp16 by one conversion of a half word.
+  __device__ __forceinline__ float get(int j) const {
+    if constexpr (sizeof(T) == 4) {
+      return __uint_as_float(w[j]);
+    } else if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+      return __uint_as_float(j % 2 ? w[j / 2] & 0xffff0000u : w[j / 2] << 16);
+    } else {
+      return __half2float(__ushort_as_half((unsigned short)(j % 2 ? w[j / 2] >> 16 : w[j / 2] & 0xffffu)));
+    }
+  }
+};
+
+template <typename T, int V>
+struct Packed<T, V, false> {
+  Vec<T, V> vec;
+  __device__ __forceinline__ void load(const T* p) { vec = load_vec<V>(p); }
+  __device__ __forceinline__ void fill(float value) {
+    AVO_UNROLL
+    for (int j = 0; j < V; ++j) vec.v[j] = Element<T>::from_float(value);
+  }
+  __device__ __forceinline__ void zero() { fill(0.0f); }
+  __device__ __forceinline__ float get(int j) const { return Element<T>::to_float(vec.v[j]); }
+};
+
 // Combines `value` over each group of `group_threads` consecutive threads (a power of
 // two); every thread of the group gets the result. Every thread of the block must call
 // it, in the same order: groups wider than a warp synchronise the block.
@@ -129,19 +187,20 @@ struct Min {
   __device__ float operator()(float a, float b) const { return Functions<Exact>::minimum(a, b); }
 };
 
-// sum, max and min over a row, for a row type that provides reduce(term, combine, identity).
+// sum, max and min over a row, for a row type that provides reduce<M>(term, combine,
+// identity); M lists the per-column inputs the pass reads (Columns, avo/row_args.h).
 template <typename Row>
 struct Reductions {
-  template <typename F>
-  __device__ __forceinline__ float sum(F term) const { return self().reduce(term, Plus{}, 0.0f); }
-  template <typename F>
-  __device__ __forceinline__ float max(F term) const { return self().reduce(term, Max{}, -INFINITY); }
-  template <typename F>
-  __device__ __forceinline__ float min(F term) const { return self().reduce(term, Min{}, INFINITY); }
+  template <unsigned M, typename F>
+  __device__ __forceinline__ float sum(Columns<M>, F term) const { return self().template reduce<M>(term, Plus{}, 0.0f); }
+  template <unsigned M, typename F>
+  __device__ __forceinline__ float max(Columns<M>, F term) const { return self().template reduce<M>(term, Max{}, -INFINITY); }
+  template <unsigned M, typename F>
+  __device__ __forceinline__ float min(Columns<M>, F term) const { return self().template reduce<M>(term, Min{}, INFINITY); }
   // Several sums in one pass over the row: out[k] = the sum of terms[k].
-  template <int K, typename F>
-  __device__ __forceinline__ void sums(float (&out)[K], F terms_at) const {
-    self().template reduce_sums<K>(terms_at, out);
+  template <unsigned M, int K, typename F>
+  __device__ __forceinline__ void sums(Columns<M>, float (&out)[K], F terms_at) const {
+    self().template reduce_sums<M, K>(terms_at, out);
   }
   __device__ __forceinline__ const Row& self() const { return static_cast<const Row&>(*this); }
 };
@@ -157,26 +216,20 @@ __device__ __forceinline__ void store_output_vectors(const Args& args, int64_t r
   }
 }
 
-// Whether the register and staged rows read per-column inputs (weight, bias) as 16-byte
-// vectors, once per vector of the row, or one element per element (through L1). Vectors
-// in the backward kernels: fewer load instructions. Elements in the forward kernels:
-// there the compiler hoists every vector of weight and bias ahead of the loop, which
-// spills under the 64-register cap of 1024-thread blocks; the H200 measured layernorm's
-// bf16 forward at 0.52 of copy with vectors against 0.68 without.
-template <typename Math>
-constexpr bool kVectorColumns = Math::kColumnSums > 0;
-
-// Vector v (of V elements) of every per-column input of Math that the call passed, as
-// one 16-byte load each (where kVectorColumns<Math>). Loads the math of a pass does not
-// read are dead code and dropped by the compiler.
-template <typename Math, typename T, typename Args, int V>
-__device__ __forceinline__ void load_column_vectors(const Args& args, int64_t v, Vec<T, V> (&columns)[Args::kInputs]) {
-  if constexpr (kVectorColumns<Math>) {
-    AVO_UNROLL
-    for (int k = 0; k < Args::kInputs; ++k) {
-      if (!((Math::kColumnInputs >> k) & 1u) || args.inputs[k] == nullptr) continue;
-      columns[k] = load_vec<V>(static_cast<const T*>(args.inputs[k]) + v * V);
-    }
+// Vector v (of V elements) of the per-column inputs in ColumnMask, one 16-byte load
+// each, or Math's default for an input the call left out (so that reading an element
+// needs no test): the register and staged rows read weight and bias this way, in the
+// passes that use them only (the mask comes from the generated math). Read one element
+// at a time instead, a warp's load touches four cache lines for two bytes of each: the
+// H200 measured layernorm's bf16 forward at 65536x1024 with the L1 83% busy and DRAM at
+// 48%.
+template <unsigned ColumnMask, typename Math, typename T, typename Args, int V>
+__device__ __forceinline__ void load_column_vectors(const Args& args, int64_t v, Packed<T, V> (&columns)[Args::kInputs]) {
+  AVO_UNROLL
+  for (int k = 0; k < Args::kInputs; ++k) {
+    if (!((ColumnMask >> k) & 1u)) continue;
+    if (args.inputs[k] == nullptr) columns[k].fill(Math::column_default(k));
+    else columns[k].load(static_cast<const T*>(args.inputs[k]) + v * V);
   }
 }
 
@@ -195,6 +248,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
   using RowView<T, Args>::args;
   using RowView<T, Args>::r;
   using Vector = Vec<T, V>;
+  using Cached = Packed<T, V>;
   static constexpr int kSums = Math::kColumnSums > 0 ? Math::kColumnSums : 1;
   // This thread's part of its chunk's per-column sums.
   using ColumnSums = float[kSums][P][V];
@@ -205,7 +259,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
   int64_t vectors;      // vectors of V elements per row
   ColumnSums* columns;  // nullptr when the call wants no per-column outputs
   unsigned* exchanges;  // kClustered: the cluster exchanges so far (cluster_combine)
-  Vector cache[Args::kInputs][P];
+  Cached cache[Args::kInputs][P];
 
   __device__ __forceinline__ RegisterRow(const Args& a, int64_t row, bool is_active, int group_lane, int threads,
                                          ColumnSums* column_sums, unsigned* exchange_count = nullptr)
@@ -218,7 +272,8 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
       AVO_UNROLL
       for (int i = 0; i < P; ++i) {
         const int64_t v = vector_index(i);
-        cache[k][i] = active && v < vectors ? load_vec<V>(p + r * args.length + v * V) : Vector{};
+        if (active && v < vectors) cache[k][i].load(p + r * args.length + v * V);
+        else cache[k][i].zero();
       }
     }
   }
@@ -230,34 +285,32 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
     const RegisterRow& row;
     int i, j;
     int64_t n;              // the element's column
-    const Vector* columns;  // this vector of every per-column input (load_column_vectors)
+    const Cached* columns;  // this vector of the pass's per-column inputs (load_column_vectors)
     Vector* staged;         // for_each: the outputs of this vector, stored after the body ran
-    __device__ __forceinline__ float load(int k) const { return Element<T>::to_float(row.cache[k][i].v[j]); }
-    __device__ __forceinline__ float load_col(int k, float missing) const {
-      if constexpr (!kVectorColumns<Math>) return row.load_col(k, n, missing);
-      return row.args.inputs[k] != nullptr ? Element<T>::to_float(columns[k].v[j]) : missing;
-    }
+    __device__ __forceinline__ float load(int k) const { return row.cache[k][i].get(j); }
+    // A missing input's vector holds Math::column_default(k), the same value as `missing`.
+    __device__ __forceinline__ float load_col(int k, float) const { return columns[k].get(j); }
     __device__ __forceinline__ void store(int k, float value) const { staged[k].v[j] = Element<T>::from_float(value); }
   };
 
   // Calls visit(i, v, columns) for each of this thread's vectors, `columns` holding
-  // vector v of every per-column input.
-  template <typename Visit>
+  // vector v of the per-column inputs in ColumnMask.
+  template <unsigned ColumnMask, typename Visit>
   __device__ __forceinline__ void each_vector(Visit visit) const {
     AVO_UNROLL
     for (int i = 0; i < P; ++i) {
       const int64_t v = vector_index(i);
       if (!active || v >= vectors) continue;
-      Vector columns[Args::kInputs];
-      load_column_vectors<Math>(args, v, columns);
+      Cached columns[Args::kInputs];
+      load_column_vectors<ColumnMask, Math>(args, v, columns);
       visit(i, v, columns);
     }
   }
 
-  template <typename Combine, typename F>
+  template <unsigned M, typename Combine, typename F>
   __device__ __forceinline__ float reduce(F term, Combine combine, float identity) const {
     float partial = identity;
-    each_vector([&](int i, int64_t v, const Vector* cols) {
+    each_vector<M>([&](int i, int64_t v, const Cached* cols) {
       AVO_UNROLL
       for (int j = 0; j < V; ++j) partial = combine(partial, term(At{*this, i, j, v * V + j, cols, nullptr}));
     });
@@ -269,11 +322,11 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
     return group_reduce(partial, combine, group_threads);
   }
 
-  template <int K, typename F>
+  template <unsigned M, int K, typename F>
   __device__ __forceinline__ void reduce_sums(F terms_at, float (&out)[K]) const {
     AVO_UNROLL
     for (int k = 0; k < K; ++k) out[k] = 0.0f;
-    each_vector([&](int i, int64_t v, const Vector* cols) {
+    each_vector<M>([&](int i, int64_t v, const Cached* cols) {
       AVO_UNROLL
       for (int j = 0; j < V; ++j) {
         float terms[K];
@@ -290,9 +343,9 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
     }
   }
 
-  template <typename F>
-  __device__ __forceinline__ void for_each(F body) const {
-    each_vector([&](int i, int64_t v, const Vector* cols) {
+  template <unsigned M, typename F>
+  __device__ __forceinline__ void for_each(Columns<M>, F body) const {
+    each_vector<M>([&](int i, int64_t v, const Cached* cols) {
       Vector staged[Args::kOutputs];
       AVO_UNROLL
       for (int j = 0; j < V; ++j) body(At{*this, i, j, v * V + j, cols, staged});
@@ -300,10 +353,10 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
     });
   }
 
-  template <int K, typename F>
-  __device__ __forceinline__ void column_sums(F terms_at) const {
+  template <int K, unsigned M, typename F>
+  __device__ __forceinline__ void column_sums(Columns<M>, F terms_at) const {
     if (columns == nullptr) return;
-    each_vector([&](int i, int64_t v, const Vector* cols) {
+    each_vector<M>([&](int i, int64_t v, const Cached* cols) {
       AVO_UNROLL
       for (int j = 0; j < V; ++j) {
         float terms[K];
@@ -336,6 +389,7 @@ struct StagedRow : RowView<T, Args>, Reductions<StagedRow<T, Args, Math, V>> {
   using RowView<T, Args>::args;
   using RowView<T, Args>::r;
   using Vector = Vec<T, V>;
+  using Cached = Packed<T, V>;
   static constexpr int kSums = Math::kColumnSums > 0 ? Math::kColumnSums : 1;
   using ColumnSums = float[kSums][P][V];
 
@@ -352,50 +406,49 @@ struct StagedRow : RowView<T, Args>, Reductions<StagedRow<T, Args, Math, V>> {
 
   struct At {
     const StagedRow& row;
-    const Vector* in;  // this vector of every per-element (and per-column) input
+    const Cached* in;  // this vector of every per-element input and of the pass's per-column ones
     int j;
     int64_t n;           // the element's column
     Vector* staged_out;  // for_each: the outputs of this vector, stored after the body ran
-    __device__ __forceinline__ float load(int k) const { return Element<T>::to_float(in[k].v[j]); }
-    __device__ __forceinline__ float load_col(int k, float missing) const {
-      if constexpr (!kVectorColumns<Math>) return row.load_col(k, n, missing);
-      return row.args.inputs[k] != nullptr ? Element<T>::to_float(in[k].v[j]) : missing;
-    }
+    __device__ __forceinline__ float load(int k) const { return in[k].get(j); }
+    // A missing input's vector holds Math::column_default(k), the same value as `missing`.
+    __device__ __forceinline__ float load_col(int k, float) const { return in[k].get(j); }
     __device__ __forceinline__ void store(int k, float value) const { staged_out[k].v[j] = Element<T>::from_float(value); }
   };
 
   // Calls visit(i, v, in) for each of this thread's vectors, `in` holding vector v of
-  // every per-element input (from shared memory) and per-column input (from global).
-  template <typename Visit>
+  // every per-element input (from shared memory) and of the per-column inputs in
+  // ColumnMask (from global).
+  template <unsigned ColumnMask, typename Visit>
   __device__ __forceinline__ void each_vector(Visit visit) const {
     AVO_UNROLL
     for (int i = 0; i < P; ++i) {
       const int64_t v = int64_t(i) * blockDim.x + threadIdx.x;
       if (v >= vectors) continue;
-      Vector in[Args::kInputs];
+      Cached in[Args::kInputs];
       AVO_UNROLL
       for (int k = 0; k < Args::kInputs; ++k)
-        if ((Math::kElementInputs >> k) & 1u) in[k] = *reinterpret_cast<const Vector*>(staged[k] + v * V);
-      load_column_vectors<Math>(args, v, in);
+        if ((Math::kElementInputs >> k) & 1u) in[k].load(staged[k] + v * V);
+      load_column_vectors<ColumnMask, Math>(args, v, in);
       visit(i, v, in);
     }
   }
 
-  template <typename Combine, typename F>
+  template <unsigned M, typename Combine, typename F>
   __device__ __forceinline__ float reduce(F term, Combine combine, float identity) const {
     float partial = identity;
-    each_vector([&](int, int64_t v, const Vector* in) {
+    each_vector<M>([&](int, int64_t v, const Cached* in) {
       AVO_UNROLL
       for (int j = 0; j < V; ++j) partial = combine(partial, term(At{*this, in, j, v * V + j, nullptr}));
     });
     return group_reduce(partial, combine, blockDim.x);
   }
 
-  template <int K, typename F>
+  template <unsigned M, int K, typename F>
   __device__ __forceinline__ void reduce_sums(F terms_at, float (&out)[K]) const {
     AVO_UNROLL
     for (int k = 0; k < K; ++k) out[k] = 0.0f;
-    each_vector([&](int, int64_t v, const Vector* in) {
+    each_vector<M>([&](int, int64_t v, const Cached* in) {
       AVO_UNROLL
       for (int j = 0; j < V; ++j) {
         float terms[K];
@@ -407,9 +460,9 @@ struct StagedRow : RowView<T, Args>, Reductions<StagedRow<T, Args, Math, V>> {
     group_sums(out, blockDim.x);
   }
 
-  template <typename F>
-  __device__ __forceinline__ void for_each(F body) const {
-    each_vector([&](int, int64_t v, const Vector* in) {
+  template <unsigned M, typename F>
+  __device__ __forceinline__ void for_each(Columns<M>, F body) const {
+    each_vector<M>([&](int, int64_t v, const Cached* in) {
       Vector out[Args::kOutputs];
       AVO_UNROLL
       for (int j = 0; j < V; ++j) body(At{*this, in, j, v * V + j, out});
@@ -417,10 +470,10 @@ struct StagedRow : RowView<T, Args>, Reductions<StagedRow<T, Args, Math, V>> {
     });
   }
 
-  template <int K, typename F>
-  __device__ __forceinline__ void column_sums(F terms_at) const {
+  template <int K, unsigned M, typename F>
+  __device__ __forceinline__ void column_sums(Columns<M>, F terms_at) const {
     if (columns == nullptr) return;
-    each_vector([&](int i, int64_t v, const Vector* in) {
+    each_vector<M>([&](int i, int64_t v, const Cached* in) {
       AVO_UNROLL
       for (int j = 0; j < V; ++j) {
         float terms[K];
@@ -456,13 +509,14 @@ struct GlobalRow : RowView<T, Args>, Reductions<GlobalRow<T, Args>> {
     __device__ void store(int k, float value) const { row.store(k, n, value); }
   };
 
-  template <typename Combine, typename F>
+  // Per-column inputs are read element by element here: the pass lists (M) go unused.
+  template <unsigned M, typename Combine, typename F>
   __device__ float reduce(F term, Combine combine, float identity) const {
     float partial = identity;
     for (int64_t n = threadIdx.x; n < args.length; n += blockDim.x) partial = combine(partial, term(At{*this, n}));
     return group_reduce(partial, combine, blockDim.x);
   }
-  template <int K, typename F>
+  template <unsigned M, int K, typename F>
   __device__ void reduce_sums(F terms_at, float (&out)[K]) const {
     for (int k = 0; k < K; ++k) out[k] = 0.0f;
     for (int64_t n = threadIdx.x; n < args.length; n += blockDim.x) {
@@ -472,14 +526,14 @@ struct GlobalRow : RowView<T, Args>, Reductions<GlobalRow<T, Args>> {
     }
     group_sums(out, blockDim.x);
   }
-  template <typename F>
-  __device__ void for_each(F body) const {
+  template <unsigned M, typename F>
+  __device__ void for_each(Columns<M>, F body) const {
     for (int64_t n = threadIdx.x; n < args.length; n += blockDim.x) body(At{*this, n});
   }
   // Each thread owns the same columns in every row of the chunk: no races, fixed order.
   // The chunk's first row sets the partials (they start uninitialised), the others add.
-  template <int K, typename F>
-  __device__ void column_sums(F terms_at) const {
+  template <int K, unsigned M, typename F>
+  __device__ void column_sums(Columns<M>, F terms_at) const {
     if (chunk < 0) return;
     const bool first = r == chunk * args.rows_per_chunk;
     for (int64_t n = threadIdx.x; n < args.length; n += blockDim.x) {

@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Compare avo's figures of two bench_ops.py runs (JSON), case by case.
+
+    python benchmarks/compare_runs.py before.json after.json [--markdown PATH]
+
+Each run's GB/s is divided by the copy bandwidth of that same run before comparing, so
+two runs on machines of the same kind compare fairly. Prints, for every case the two
+runs share, avo's fraction of copy in each and the ratio after / before, then the
+geometric mean of that ratio per op and direction. No GPU needed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+
+def load_cases(path: str) -> dict[tuple, float]:
+    """(op, dir, dtype, shape) -> avo's fraction of the run's copy bandwidth."""
+    with open(path) as f:
+        run = json.load(f)
+    cases = {}
+    for row in run["rows"]:
+        avo = row.get("results", {}).get("avo")
+        if avo and avo.get("frac_copy"):
+            cases[(row["op"], row["dir"], row["dtype"], tuple(row["shape"]))] = avo["frac_copy"]
+    return cases
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def compare(before: dict[tuple, float], after: dict[tuple, float]) -> list[str]:
+    shared = [key for key in before if key in after]
+    if not shared:
+        return ["no case is in both runs"]
+    lines = ["| op | dir | dtype | shape | before (of copy) | after (of copy) | after / before |",
+             "|---|---|---|---|---|---|---|"]
+    per_op: dict[tuple, list[float]] = {}
+    for key in shared:
+        op, direction, dtype, shape = key
+        ratio = after[key] / before[key]
+        per_op.setdefault((op, direction), []).append(ratio)
+        lines.append(f"| {op} | {direction} | {dtype} | {'x'.join(map(str, shape))} | {before[key]:.2f} | "
+                     f"{after[key]:.2f} | {ratio:.3f} |")
+    lines += ["", "| op | dir | cases | after / before (geomean) | worst | best |", "|---|---|---|---|---|---|"]
+    for (op, direction), ratios in per_op.items():
+        lines.append(f"| {op} | {direction} | {len(ratios)} | {geomean(ratios):.3f} | {min(ratios):.3f} | "
+                     f"{max(ratios):.3f} |")
+    every = [r for ratios in per_op.values() for r in ratios]
+    lines += ["", f"All {len(every)} cases: after / before {geomean(every):.3f} (geomean), "
+                  f"{min(every):.3f} to {max(every):.3f}."]
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("before")
+    parser.add_argument("after")
+    parser.add_argument("--markdown", metavar="PATH", help="also write the tables here")
+    args = parser.parse_args(argv)
+    lines = compare(load_cases(args.before), load_cases(args.after))
+    print("\n".join(lines))
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
