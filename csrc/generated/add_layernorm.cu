@@ -14,16 +14,16 @@ namespace avo::ops::add_layernorm {
 // StagedRow only for rows registers cannot hold. Measured by benchmarks/tune_rows.py
 // (tuning/sm_<arch>.json).
 //   | kernel   | GPU                 |  float16 | bfloat16 |  float32 |
-//   | forward  | sm_90 (NVIDIA H200) |    never |    never |    never |
+//   | forward  | sm_90 (NVIDIA H200) |     2048 |     2048 |    never |
 //   | forward  | any other GPU       |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200) |    never |    never |    never |
+//   | backward | sm_90 (NVIDIA H200) |    never |    never |     2048 |
 //   | backward | any other GPU       |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
-    {90, {avo::kStagedNever, avo::kStagedNever, avo::kStagedNever}},
+    {90, {2048, 2048, avo::kStagedNever}},
     {0, {avo::kStagedNever, avo::kStagedNever, avo::kStagedNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
-    {90, {avo::kStagedNever, avo::kStagedNever, avo::kStagedNever}},
+    {90, {avo::kStagedNever, avo::kStagedNever, 2048}},
     {0, {avo::kStagedNever, avo::kStagedNever, avo::kStagedNever}},
 };
 

@@ -14,12 +14,12 @@ namespace avo::ops::add_rmsnorm {
 // StagedRow only for rows registers cannot hold. Measured by benchmarks/tune_rows.py
 // (tuning/sm_<arch>.json).
 //   | kernel   | GPU                 |  float16 | bfloat16 |  float32 |
-//   | forward  | sm_90 (NVIDIA H200) |     2048 |     2048 |     2048 |
+//   | forward  | sm_90 (NVIDIA H200) |    never |    never |     2048 |
 //   | forward  | any other GPU       |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) |    never |    never |    never |
 //   | backward | any other GPU       |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
-    {90, {2048, 2048, 2048}},
+    {90, {avo::kStagedNever, avo::kStagedNever, 2048}},
     {0, {avo::kStagedNever, avo::kStagedNever, avo::kStagedNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {

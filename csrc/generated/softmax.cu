@@ -14,16 +14,16 @@ namespace avo::ops::softmax {
 // StagedRow only for rows registers cannot hold. Measured by benchmarks/tune_rows.py
 // (tuning/sm_<arch>.json).
 //   | kernel   | GPU                 |  float16 | bfloat16 |  float32 |
-//   | forward  | sm_90 (NVIDIA H200) |      512 |     2048 |      128 |
+//   | forward  | sm_90 (NVIDIA H200) |     4096 |     4096 |    never |
 //   | forward  | any other GPU       |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200) |     2048 |      256 |    never |
+//   | backward | sm_90 (NVIDIA H200) |    never |    never |    never |
 //   | backward | any other GPU       |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
-    {90, {512, 2048, 128}},
+    {90, {4096, 4096, avo::kStagedNever}},
     {0, {avo::kStagedNever, avo::kStagedNever, avo::kStagedNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
-    {90, {2048, 256, avo::kStagedNever}},
+    {90, {avo::kStagedNever, avo::kStagedNever, avo::kStagedNever}},
     {0, {avo::kStagedNever, avo::kStagedNever, avo::kStagedNever}},
 };
 

@@ -14,16 +14,16 @@ namespace avo::ops::swish_layernorm {
 // StagedRow only for rows registers cannot hold. Measured by benchmarks/tune_rows.py
 // (tuning/sm_<arch>.json).
 //   | kernel   | GPU                 |  float16 | bfloat16 |  float32 |
-//   | forward  | sm_90 (NVIDIA H200) |    never |    never |    never |
+//   | forward  | sm_90 (NVIDIA H200) |    never |    never |     4096 |
 //   | forward  | any other GPU       |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200) |      128 |    never |      128 |
+//   | backward | sm_90 (NVIDIA H200) |      128 |      128 |      128 |
 //   | backward | any other GPU       |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
-    {90, {avo::kStagedNever, avo::kStagedNever, avo::kStagedNever}},
+    {90, {avo::kStagedNever, avo::kStagedNever, 4096}},
     {0, {avo::kStagedNever, avo::kStagedNever, avo::kStagedNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
-    {90, {128, avo::kStagedNever, 128}},
+    {90, {128, 128, 128}},
     {0, {avo::kStagedNever, avo::kStagedNever, avo::kStagedNever}},
 };
 
