@@ -280,11 +280,10 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
 
   __device__ __forceinline__ int64_t vector_index(int i) const { return int64_t(i) * group_threads + lane; }
 
-  // Element j of this thread's vector i (element n of the row), for the generated lambdas.
+  // Element j of this thread's vector i, for the generated lambdas.
   struct At {
     const RegisterRow& row;
     int i, j;
-    int64_t n;              // the element's column
     const Cached* columns;  // this vector of the pass's per-column inputs (load_column_vectors)
     Vector* staged;         // for_each: the outputs of this vector, stored after the body ran
     __device__ __forceinline__ float load(int k) const { return row.cache[k][i].get(j); }
@@ -312,7 +311,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
     float partial = identity;
     each_vector<M>([&](int i, int64_t v, const Cached* cols) {
       AVO_UNROLL
-      for (int j = 0; j < V; ++j) partial = combine(partial, term(At{*this, i, j, v * V + j, cols, nullptr}));
+      for (int j = 0; j < V; ++j) partial = combine(partial, term(At{*this, i, j, cols, nullptr}));
     });
     if constexpr (kClustered) {
       float value[1] = {group_reduce(partial, combine, int(blockDim.x))};
@@ -330,7 +329,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
       AVO_UNROLL
       for (int j = 0; j < V; ++j) {
         float terms[K];
-        terms_at(At{*this, i, j, v * V + j, cols, nullptr}, terms);
+        terms_at(At{*this, i, j, cols, nullptr}, terms);
         AVO_UNROLL
         for (int k = 0; k < K; ++k) out[k] += terms[k];
       }
@@ -348,7 +347,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
     each_vector<M>([&](int i, int64_t v, const Cached* cols) {
       Vector staged[Args::kOutputs];
       AVO_UNROLL
-      for (int j = 0; j < V; ++j) body(At{*this, i, j, v * V + j, cols, staged});
+      for (int j = 0; j < V; ++j) body(At{*this, i, j, cols, staged});
       store_output_vectors<Math>(args, r, v, staged);
     });
   }
@@ -360,7 +359,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
       AVO_UNROLL
       for (int j = 0; j < V; ++j) {
         float terms[K];
-        terms_at(At{*this, i, j, v * V + j, cols, nullptr}, terms);
+        terms_at(At{*this, i, j, cols, nullptr}, terms);
         AVO_UNROLL
         for (int k = 0; k < K; ++k) (*columns)[k][i][j] += terms[k];
       }
@@ -408,7 +407,6 @@ struct StagedRow : RowView<T, Args>, Reductions<StagedRow<T, Args, Math, V>> {
     const StagedRow& row;
     const Cached* in;  // this vector of every per-element input and of the pass's per-column ones
     int j;
-    int64_t n;           // the element's column
     Vector* staged_out;  // for_each: the outputs of this vector, stored after the body ran
     __device__ __forceinline__ float load(int k) const { return in[k].get(j); }
     // A missing input's vector holds Math::column_default(k), the same value as `missing`.
@@ -439,7 +437,7 @@ struct StagedRow : RowView<T, Args>, Reductions<StagedRow<T, Args, Math, V>> {
     float partial = identity;
     each_vector<M>([&](int, int64_t v, const Cached* in) {
       AVO_UNROLL
-      for (int j = 0; j < V; ++j) partial = combine(partial, term(At{*this, in, j, v * V + j, nullptr}));
+      for (int j = 0; j < V; ++j) partial = combine(partial, term(At{*this, in, j, nullptr}));
     });
     return group_reduce(partial, combine, blockDim.x);
   }
@@ -452,7 +450,7 @@ struct StagedRow : RowView<T, Args>, Reductions<StagedRow<T, Args, Math, V>> {
       AVO_UNROLL
       for (int j = 0; j < V; ++j) {
         float terms[K];
-        terms_at(At{*this, in, j, v * V + j, nullptr}, terms);
+        terms_at(At{*this, in, j, nullptr}, terms);
         AVO_UNROLL
         for (int k = 0; k < K; ++k) out[k] += terms[k];
       }
@@ -465,7 +463,7 @@ struct StagedRow : RowView<T, Args>, Reductions<StagedRow<T, Args, Math, V>> {
     each_vector<M>([&](int, int64_t v, const Cached* in) {
       Vector out[Args::kOutputs];
       AVO_UNROLL
-      for (int j = 0; j < V; ++j) body(At{*this, in, j, v * V + j, out});
+      for (int j = 0; j < V; ++j) body(At{*this, in, j, out});
       store_output_vectors<Math>(args, r, v, out);
     });
   }
@@ -477,7 +475,7 @@ struct StagedRow : RowView<T, Args>, Reductions<StagedRow<T, Args, Math, V>> {
       AVO_UNROLL
       for (int j = 0; j < V; ++j) {
         float terms[K];
-        terms_at(At{*this, in, j, v * V + j, nullptr}, terms);
+        terms_at(At{*this, in, j, nullptr}, terms);
         AVO_UNROLL
         for (int k = 0; k < K; ++k) (*columns)[k][i][j] += terms[k];
       }
