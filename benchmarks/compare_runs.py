@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_report import geomean  # noqa: E402
 
 
 def load_cases(path: str) -> dict[tuple, float]:
@@ -26,10 +29,6 @@ def load_cases(path: str) -> dict[tuple, float]:
         if avo and avo.get("frac_copy"):
             cases[(row["op"], row["dir"], row["dtype"], tuple(row["shape"]))] = avo["frac_copy"]
     return cases
-
-
-def geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 def compare(before: dict[tuple, float], after: dict[tuple, float]) -> list[str]:

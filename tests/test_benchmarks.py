@@ -16,10 +16,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import bench_cases  # noqa: E402
-import compare_runs  # noqa: E402
 import bench_host_overhead  # noqa: E402
 import bench_ops  # noqa: E402
 import bench_report  # noqa: E402
+import compare_runs  # noqa: E402
 import liger_baselines  # noqa: E402
 
 E = 1 << 26  # the default element count per input tensor
