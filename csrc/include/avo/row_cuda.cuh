@@ -68,8 +68,9 @@ struct Packed {
   __device__ __forceinline__ void fill(float value) {
     unsigned word = __float_as_uint(value);
     if constexpr (sizeof(T) == 2) {
-      const unsigned short bits = std::is_same<T, __half>::value ? __half_as_ushort(__float2half_rn(value))
-                                                                  : __bfloat16_as_ushort(__float2bfloat16_rn(value));
+      const T element = Element<T>::from_float(value);
+      unsigned short bits;
+      memcpy(&bits, &element, sizeof(bits));
       word = unsigned(bits) | (unsigned(bits) << 16);
     }
     AVO_UNROLL
