@@ -41,18 +41,24 @@ struct RowCall {
   int64_t batch = 0, channels = 0;  // channel ops
 };
 
-// Chunks of the per-column sums, each one worker's (a GPU block's or group's) rows:
-// kRowsPerChunk rows each (the partials then add 1/kRowsPerChunk of the rows' size in
-// fp32), fewer when that would leave under kMinChunks chunks (a few long rows: 8 chunks
-// of 32 rows would keep 8 blocks busy on a GPU of 132 multiprocessors), more when it
-// would make over kMaxChunks. Fixed by the row count alone, so the summation order (and
-// the result) does not depend on the machine.
+// Chunks of the per-column sums, each one worker's (a GPU block's, group's or cluster's)
+// rows: kRowsPerChunk rows each (the partials then add 1/kRowsPerChunk of the rows' size
+// in fp32), fewer when that would leave under kMinChunks chunks (a few rows: 8 chunks of
+// 32 rows would keep 8 blocks busy on a GPU of 132 multiprocessors), more when it would
+// make over kMaxChunks. Rows of kLongRow elements or more need fewer chunks to fill the
+// GPU (a chunk's worker is a cluster of up to 8 blocks on sm_90) and cost more per chunk:
+// at least kMinLongRowChunks. With a chunk per row, layernorm's backward at 256x262144
+// wrote and re-read 512 MiB of partials for 384 MiB of rows. Fixed by the shape alone,
+// so the summation order (and the result) does not depend on the machine.
 constexpr int64_t kRowsPerChunk = 32;
 constexpr int64_t kMinChunks = 256;
 constexpr int64_t kMaxChunks = 4096;
+constexpr int64_t kLongRow = 32768;
+constexpr int64_t kMinLongRowChunks = 64;
 
-inline int64_t rows_per_chunk(int64_t rows) {
-  const int64_t spread = std::min(kRowsPerChunk, std::max<int64_t>(1, (rows + kMinChunks - 1) / kMinChunks));
+inline int64_t rows_per_chunk(int64_t rows, int64_t length) {
+  const int64_t min_chunks = length >= kLongRow ? kMinLongRowChunks : kMinChunks;
+  const int64_t spread = std::min(kRowsPerChunk, std::max<int64_t>(1, (rows + min_chunks - 1) / min_chunks));
   return std::max(spread, (rows + kMaxChunks - 1) / kMaxChunks);
 }
 
@@ -136,7 +142,7 @@ RowCall<NumInputs, NumOutputs> prepare_rows(const char* op, const std::array<Row
       if (wanted[k] && output_domains[k] == Domain::Col) call.outputs[k].zero_();
   }
   if (column_outputs && rows > 0 && column_sums > 0) {
-    const int64_t per_chunk = rows_per_chunk(rows);
+    const int64_t per_chunk = rows_per_chunk(rows, length);
     call.args.rows_per_chunk = per_chunk;
     call.args.chunks = (rows + per_chunk - 1) / per_chunk;
     // Uninitialised: every kernel version sets each chunk's partials (its first row or its

@@ -13,7 +13,7 @@
 #   BENCH_ARGS  benchmark arguments for every run (default: --no-compile --no-liger, the
 #               whole avo and eager sweep, about 30 s a run on an H200)
 #   TESTS       pytest -k expression for this tree's tests (default: "cuda or
-#               every_kernel_version"); TESTS=none skips them
+#               kernel_version"); TESTS=none skips them
 # The test log, the benchmark JSON of every run (bench_this.json, bench_<base>.json) and
 # the comparisons (compare_<base>.md) go to "$OUT" when it is set; build and benchmark
 # logs to a temporary directory (their tails are printed on failure).
@@ -55,8 +55,8 @@ echo "builds done ($((SECONDS - START)) s)"
 
 tests_rc=0
 if [ "${TESTS:-}" != "none" ]; then
-    echo "== tests of this tree: -k \"${TESTS:-cuda or every_kernel_version}\""
-    PYTHONPATH="$HERE" python3 -m pytest -q -x tests -k "${TESTS:-cuda or every_kernel_version}" \
+    echo "== tests of this tree: -k \"${TESTS:-cuda or kernel_version}\""
+    PYTHONPATH="$HERE" python3 -m pytest -q -x tests -k "${TESTS:-cuda or kernel_version}" \
         >"$LOGS/tests.log" 2>&1
     tests_rc=$?
     tail -n 3 "$LOGS/tests.log"

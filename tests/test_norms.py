@@ -480,6 +480,25 @@ def test_every_kernel_version_matches_float64(name, shape, row_version, dtype):
     check_gradients(op, tensors, dtype, op.op)
 
 
+# The global version on rows long enough that a thread-block cluster shares each one
+# (sm_90: over 4096 vectors; 300 rows of 40960 make 60 chunks of 5 rows, which the
+# clusters add up in their partials), on the longest rows of the benchmark, and on a long
+# row that is not whole 16-byte vectors (a block per row).
+GLOBAL_SHAPES = [(300, 40960), (2, 262144), (3, 40001)]
+
+
+@needs_cuda
+@pytest.mark.parametrize("row_version", ["global"], indirect=True)
+@pytest.mark.parametrize("shape", GLOBAL_SHAPES, ids=str)
+@pytest.mark.parametrize("name", ALL)
+def test_global_kernel_version_on_long_rows_matches_float64(name, shape, row_version, dtype):
+    op = OPS[name]
+    tensors = make_inputs(op, shape, dtype, "cuda")
+    rtol = 1e-4 if dtype == torch.float32 else None
+    check_values(op, tensors, dtype, rtol=rtol)
+    check_gradients(op, tensors, dtype, op.op)
+
+
 def test_set_row_version_rejects_unknown_names():
     with pytest.raises(ValueError, match="set_row_version: unknown version 'fast'"):
         avo_ops._C.set_row_version("fast")

@@ -128,18 +128,21 @@ struct DeviceInfo {
   int arch = 0;                 // compute capability, major * 10 + minor
   int multiprocessors = 1;
   size_t max_shared_optin = 0;  // shared memory a block may use when it asks for it
+  size_t l2_bytes = 0;
 };
 
 inline DeviceInfo read_device_info(int device) {
   DeviceInfo info;
-  int major = 0, minor = 0, multiprocessors = 1, shared = 0;
+  int major = 0, minor = 0, multiprocessors = 1, shared = 0, l2 = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device);
   cudaDeviceGetAttribute(&shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device);
   info.arch = major * 10 + minor;
   info.multiprocessors = multiprocessors > 0 ? multiprocessors : 1;
   info.max_shared_optin = size_t(shared > 0 ? shared : 0);
+  info.l2_bytes = size_t(l2 > 0 ? l2 : 0);
   return info;
 }
 

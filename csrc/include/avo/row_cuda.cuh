@@ -17,8 +17,10 @@
 //    registers of one block cannot hold (sm_90): the row is split over the 2 to 8 blocks
 //    of a thread-block cluster, each block holding its part in registers; reductions
 //    combine the blocks through distributed shared memory.
-//  - GlobalRow, for the rest: a block per row, each pass reading the row from global
-//    memory again (from L2 after the first pass).
+//  - GlobalRow, for the rest: each pass reads the row from global memory again (from L2
+//    after the first pass: launch_global_rows keeps few enough rows in flight). A block
+//    takes a row, or on sm_90 a cluster of up to 8 blocks shares a long row of 16-byte
+//    vectors, each thread loading kGlobalBatch vectors ahead.
 //
 // Reductions accumulate in fp32: warp shuffles, then shared memory across the warps of a
 // group, in an order fixed by the launch configuration (itself fixed by the shapes), so
@@ -41,7 +43,8 @@
 namespace avo {
 
 constexpr int kRowBlockThreads = 256;  // block of RegisterRow kernels with smaller groups
-constexpr int kGlobalRowThreads = 512; // block (and group) of GlobalRow kernels
+constexpr int kGlobalRowThreads = 512; // block of GlobalRow kernels
+constexpr int kGlobalBatch = 4;        // vectors a GlobalRow thread loads before it computes
 constexpr int kStages = 3;             // rows a StagedRow block holds: one computed, two arriving
 constexpr int kStagedVectors = 4;      // vectors per thread of a StagedRow (its block: vectors / 4)
 
@@ -380,6 +383,19 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
 template <typename Math>
 constexpr int kElementInputCount = __builtin_popcount(Math::kElementInputs);
 
+// Element j of one vector of a row, every input it reads loaded (the per-element ones and
+// the pass's per-column ones), for the generated lambdas of StagedRow and GlobalRow.
+template <typename T, int V>
+struct VectorAt {
+  const Packed<T, V>* in;
+  int j;
+  Vec<T, V>* staged_out;  // for_each: the outputs of this vector, stored after the body ran
+  __device__ __forceinline__ float load(int k) const { return in[k].get(j); }
+  // A missing input's vector holds Math::column_default(k), the same value as `missing`.
+  __device__ __forceinline__ float load_col(int k, float) const { return in[k].get(j); }
+  __device__ __forceinline__ void store(int k, float value) const { staged_out[k].v[j] = Element<T>::from_float(value); }
+};
+
 // A row whose per-element inputs the block has copied into shared memory (see the top of
 // this file). Thread t handles the row's vectors t, t + B, ... (B threads, at most P
 // vectors each: P fixes the size of its per-column sums).
@@ -404,16 +420,7 @@ struct StagedRow : RowView<T, Args>, Reductions<StagedRow<T, Args, Math, V>> {
     for (int k = 0; k < Args::kInputs; ++k) staged[k] = rows[k];
   }
 
-  struct At {
-    const StagedRow& row;
-    const Cached* in;  // this vector of every per-element input and of the pass's per-column ones
-    int j;
-    Vector* staged_out;  // for_each: the outputs of this vector, stored after the body ran
-    __device__ __forceinline__ float load(int k) const { return in[k].get(j); }
-    // A missing input's vector holds Math::column_default(k), the same value as `missing`.
-    __device__ __forceinline__ float load_col(int k, float) const { return in[k].get(j); }
-    __device__ __forceinline__ void store(int k, float value) const { staged_out[k].v[j] = Element<T>::from_float(value); }
-  };
+  using At = VectorAt<T, V>;
 
   // Calls visit(i, v, in) for each of this thread's vectors, `in` holding vector v of
   // every per-element input (from shared memory) and of the per-column inputs in
@@ -438,7 +445,7 @@ struct StagedRow : RowView<T, Args>, Reductions<StagedRow<T, Args, Math, V>> {
     float partial = identity;
     each_vector<M>([&](int, int64_t v, const Cached* in) {
       AVO_UNROLL
-      for (int j = 0; j < V; ++j) partial = combine(partial, term(At{*this, in, j, nullptr}));
+      for (int j = 0; j < V; ++j) partial = combine(partial, term(At{in, j, nullptr}));
     });
     return group_reduce(partial, combine, blockDim.x);
   }
@@ -451,7 +458,7 @@ struct StagedRow : RowView<T, Args>, Reductions<StagedRow<T, Args, Math, V>> {
       AVO_UNROLL
       for (int j = 0; j < V; ++j) {
         float terms[K];
-        terms_at(At{*this, in, j, nullptr}, terms);
+        terms_at(At{in, j, nullptr}, terms);
         AVO_UNROLL
         for (int k = 0; k < K; ++k) out[k] += terms[k];
       }
@@ -464,7 +471,7 @@ struct StagedRow : RowView<T, Args>, Reductions<StagedRow<T, Args, Math, V>> {
     each_vector<M>([&](int, int64_t v, const Cached* in) {
       Vector out[Args::kOutputs];
       AVO_UNROLL
-      for (int j = 0; j < V; ++j) body(At{*this, in, j, out});
+      for (int j = 0; j < V; ++j) body(At{in, j, out});
       store_output_vectors<Math>(args, r, v, out);
     });
   }
@@ -476,7 +483,7 @@ struct StagedRow : RowView<T, Args>, Reductions<StagedRow<T, Args, Math, V>> {
       AVO_UNROLL
       for (int j = 0; j < V; ++j) {
         float terms[K];
-        terms_at(At{*this, in, j, nullptr}, terms);
+        terms_at(At{in, j, nullptr}, terms);
         AVO_UNROLL
         for (int k = 0; k < K; ++k) (*columns)[k][i][j] += terms[k];
       }
@@ -491,64 +498,144 @@ struct StagedRow : RowView<T, Args>, Reductions<StagedRow<T, Args, Math, V>> {
   }
 };
 
-// A row taken by a whole block, read from global memory by every pass.
-template <typename T, typename Args>
-struct GlobalRow : RowView<T, Args>, Reductions<GlobalRow<T, Args>> {
+// A row read from global memory by every pass (from L2 after the first: the launch keeps
+// few enough rows in flight that their inputs fit there). A block takes a row, or on
+// sm_90 the blocks of a thread-block cluster share it: thread `lane` of the `threads`
+// handles the row's vectors lane, lane + threads, ..., kGlobalBatch at a time, so that
+// each thread has that many loads of every input in flight before it computes.
+template <typename T, typename Args, typename Math, int V, bool kClustered>
+struct GlobalRow : RowView<T, Args>, Reductions<GlobalRow<T, Args, Math, V, kClustered>> {
   using RowView<T, Args>::args;
   using RowView<T, Args>::r;
+  using Vector = Vec<T, V>;
+  using Cached = Packed<T, V>;
   int64_t chunk;  // the chunk whose partial sums this row adds to, or -1 for none
+  int lane, threads;
+  int64_t vectors;
+  unsigned* exchanges;  // kClustered: the cluster exchanges so far (cluster_combine)
 
-  __device__ GlobalRow(const Args& a, int64_t row, int64_t its_chunk) : RowView<T, Args>(a, row), chunk(its_chunk) {}
+  __device__ __forceinline__ GlobalRow(const Args& a, int64_t row, int64_t its_chunk, int row_lane, int row_threads,
+                                       unsigned* exchange_count)
+      : RowView<T, Args>(a, row), chunk(its_chunk), lane(row_lane), threads(row_threads), vectors(a.length / V),
+        exchanges(exchange_count) {}
 
-  struct At {
-    const GlobalRow& row;
-    int64_t n;
-    __device__ float load(int k) const { return row.load(k, n); }
-    __device__ float load_col(int k, float missing) const { return row.load_col(k, n, missing); }
-    __device__ void store(int k, float value) const { row.store(k, n, value); }
-  };
+  using At = VectorAt<T, V>;
 
-  // Per-column inputs are read element by element here: the pass lists (M) go unused.
-  template <unsigned M, typename Combine, typename F>
-  __device__ float reduce(F term, Combine combine, float identity) const {
-    float partial = identity;
-    for (int64_t n = threadIdx.x; n < args.length; n += blockDim.x) partial = combine(partial, term(At{*this, n}));
-    return group_reduce(partial, combine, blockDim.x);
-  }
-  template <unsigned M, int K, typename F>
-  __device__ void reduce_sums(F terms_at, float (&out)[K]) const {
-    for (int k = 0; k < K; ++k) out[k] = 0.0f;
-    for (int64_t n = threadIdx.x; n < args.length; n += blockDim.x) {
-      float terms[K];
-      terms_at(At{*this, n}, terms);
-      for (int k = 0; k < K; ++k) out[k] += terms[k];
-    }
-    group_sums(out, blockDim.x);
-  }
-  template <unsigned M, typename F>
-  __device__ void for_each(Columns<M>, F body) const {
-    for (int64_t n = threadIdx.x; n < args.length; n += blockDim.x) body(At{*this, n});
-  }
-  // Each thread owns the same columns in every row of the chunk: no races, fixed order.
-  // The chunk's first row sets the partials (they start uninitialised), the others add.
-  template <int K, unsigned M, typename F>
-  __device__ void column_sums(Columns<M>, F terms_at) const {
-    if (chunk < 0) return;
-    const bool first = r == chunk * args.rows_per_chunk;
-    for (int64_t n = threadIdx.x; n < args.length; n += blockDim.x) {
-      float terms[K];
-      terms_at(At{*this, n}, terms);
-      for (int k = 0; k < K; ++k) {
-        float& partial = args.partials[(k * args.chunks + chunk) * args.length + n];
-        partial = first ? terms[k] : partial + terms[k];
+  // Calls visit(v, in) for each of this thread's vectors, `in` holding vector v of every
+  // per-element input and of the per-column inputs in ColumnMask, all loaded from global
+  // memory kGlobalBatch vectors ahead.
+  template <unsigned ColumnMask, typename Visit>
+  __device__ __forceinline__ void each_vector(Visit visit) const {
+    for (int64_t first = lane; first < vectors; first += int64_t(kGlobalBatch) * threads) {
+      Cached in[kGlobalBatch][Args::kInputs];
+      AVO_UNROLL
+      for (int b = 0; b < kGlobalBatch; ++b) {
+        const int64_t v = first + int64_t(b) * threads;
+        if (v >= vectors) continue;
+        AVO_UNROLL
+        for (int k = 0; k < Args::kInputs; ++k)
+          if ((Math::kElementInputs >> k) & 1u) in[b][k].load(static_cast<const T*>(args.inputs[k]) + r * args.length + v * V);
+        load_column_vectors<ColumnMask, Math>(args, v, in[b]);
+      }
+      AVO_UNROLL
+      for (int b = 0; b < kGlobalBatch; ++b) {
+        const int64_t v = first + int64_t(b) * threads;
+        if (v < vectors) visit(v, in[b]);
       }
     }
   }
-  __device__ void store_row(int k, float value) const {
-    if (threadIdx.x == 0) static_cast<T*>(args.outputs[k])[r] = Element<T>::from_float(value);
+
+  // Every thread's values combined over the row's threads: the block, then the cluster.
+  template <int K, typename Combine>
+  __device__ __forceinline__ void combine_threads(float (&values)[K], Combine combine) const {
+    if constexpr (K == 1) values[0] = group_reduce(values[0], combine, int(blockDim.x));
+    else group_sums(values, int(blockDim.x));
+    if constexpr (kClustered) cluster_combine(values, combine, *exchanges);
   }
-  __device__ void store_row_f32(int k, float value) const {
-    if (threadIdx.x == 0 && args.outputs[k] != nullptr) static_cast<float*>(args.outputs[k])[r] = value;
+
+  template <unsigned M, typename Combine, typename F>
+  __device__ __forceinline__ float reduce(F term, Combine combine, float identity) const {
+    float partial[1] = {identity};
+    each_vector<M>([&](int64_t, const Cached* in) {
+      AVO_UNROLL
+      for (int j = 0; j < V; ++j) partial[0] = combine(partial[0], term(At{in, j, nullptr}));
+    });
+    combine_threads(partial, combine);
+    return partial[0];
+  }
+
+  template <unsigned M, int K, typename F>
+  __device__ __forceinline__ void reduce_sums(F terms_at, float (&out)[K]) const {
+    AVO_UNROLL
+    for (int k = 0; k < K; ++k) out[k] = 0.0f;
+    each_vector<M>([&](int64_t, const Cached* in) {
+      AVO_UNROLL
+      for (int j = 0; j < V; ++j) {
+        float terms[K];
+        terms_at(At{in, j, nullptr}, terms);
+        AVO_UNROLL
+        for (int k = 0; k < K; ++k) out[k] += terms[k];
+      }
+    });
+    combine_threads(out, Plus{});
+  }
+
+  template <unsigned M, typename F>
+  __device__ __forceinline__ void for_each(Columns<M>, F body) const {
+    each_vector<M>([&](int64_t v, const Cached* in) {
+      Vector out[Args::kOutputs];
+      AVO_UNROLL
+      for (int j = 0; j < V; ++j) body(At{in, j, out});
+      store_output_vectors<Math>(args, r, v, out);
+    });
+  }
+
+  // Each thread owns the same columns in every row of the chunk: no races, fixed order.
+  // The chunk's first row sets the partials (they start uninitialised), the others add.
+  template <int K, unsigned M, typename F>
+  __device__ __forceinline__ void column_sums(Columns<M>, F terms_at) const {
+    if (chunk < 0) return;
+    const bool first = r == chunk * args.rows_per_chunk;
+    each_vector<M>([&](int64_t v, const Cached* in) {
+      float terms[K][V];
+      AVO_UNROLL
+      for (int j = 0; j < V; ++j) {
+        float at_j[K];
+        terms_at(At{in, j, nullptr}, at_j);
+        AVO_UNROLL
+        for (int k = 0; k < K; ++k) terms[k][j] = at_j[k];
+      }
+      AVO_UNROLL
+      for (int k = 0; k < K; ++k) set_or_add<V>(args.partials + (k * args.chunks + chunk) * args.length + v * V, terms[k], first);
+    });
+  }
+
+  __device__ __forceinline__ void store_row(int k, float value) const {
+    if (lane == 0) static_cast<T*>(args.outputs[k])[r] = Element<T>::from_float(value);
+  }
+  __device__ __forceinline__ void store_row_f32(int k, float value) const {
+    if (lane == 0 && args.outputs[k] != nullptr) static_cast<float*>(args.outputs[k])[r] = value;
+  }
+
+ private:
+  // p[0, V) = values (first) or p[0, V) + values; four floats at a time where V allows
+  // (p is then 16-byte aligned: the partials start aligned and the row is whole vectors).
+  template <int W>
+  __device__ __forceinline__ static void set_or_add(float* p, const float (&values)[W], bool first) {
+    if constexpr (W % 4 == 0) {
+      AVO_UNROLL
+      for (int q = 0; q < W; q += 4) {
+        float4 sum = make_float4(values[q], values[q + 1], values[q + 2], values[q + 3]);
+        if (!first) {
+          const float4 old = *reinterpret_cast<const float4*>(p + q);
+          sum.x += old.x, sum.y += old.y, sum.z += old.z, sum.w += old.w;
+        }
+        *reinterpret_cast<float4*>(p + q) = sum;
+      }
+    } else {
+      AVO_UNROLL
+      for (int q = 0; q < W; ++q) p[q] = first ? values[q] : p[q] + values[q];
+    }
   }
 };
 
@@ -713,18 +800,36 @@ __global__ void __launch_bounds__(kMaxGroupThreads<Math>) staged_row_kernel(cons
   write_partials<Math, Args, Row::P, V>(args, sums, blockIdx.x, blockDim.x, threadIdx.x);
 }
 
-// A block per row; with per-column sums, block c takes chunk c.
-template <typename T, typename Args, typename Math>
+// A GlobalRow per block, or per thread-block cluster (kClustered, sm_90). Worker w (a
+// block or a cluster) takes rows w, w + workers, ...; with per-column sums it takes
+// chunks w, w + workers, ..., each chunk's rows in order.
+template <typename T, typename Args, typename Math, int V, bool kClustered>
 __global__ void __launch_bounds__(kGlobalRowThreads) global_row_kernel(const Args args, const Math math) {
-  if (!wants_column_sums<Math>(args)) {
-    for (int64_t r = blockIdx.x; r < args.rows; r += gridDim.x)
-      math.template apply<PrecisionFor<T>>(GlobalRow<T, Args>(args, r, -1));
-    return;
+  using Row = GlobalRow<T, Args, Math, V, kClustered>;
+  int blocks = 1, rank = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  if constexpr (kClustered) {
+    blocks = int(cg::this_cluster().num_blocks());
+    rank = int(cg::this_cluster().block_rank());
   }
-  const int64_t chunk = blockIdx.x;
-  const int64_t last = (chunk + 1) * args.rows_per_chunk < args.rows ? (chunk + 1) * args.rows_per_chunk : args.rows;
-  for (int64_t r = chunk * args.rows_per_chunk; r < last; ++r)
-    math.template apply<PrecisionFor<T>>(GlobalRow<T, Args>(args, r, chunk));
+#endif
+  const int lane = rank * int(blockDim.x) + int(threadIdx.x), threads = blocks * int(blockDim.x);
+  const int64_t worker = blockIdx.x / blocks, workers = gridDim.x / blocks;
+  unsigned exchanges = 0;
+  if (!wants_column_sums<Math>(args)) {
+    for (int64_t r = worker; r < args.rows; r += workers)
+      math.template apply<PrecisionFor<T>>(Row(args, r, -1, lane, threads, &exchanges));
+  } else {
+    for (int64_t chunk = worker; chunk < args.chunks; chunk += workers) {
+      const int64_t end = (chunk + 1) * args.rows_per_chunk < args.rows ? (chunk + 1) * args.rows_per_chunk : args.rows;
+      for (int64_t r = chunk * args.rows_per_chunk; r < end; ++r)
+        math.template apply<PrecisionFor<T>>(Row(args, r, chunk, lane, threads, &exchanges));
+    }
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (kClustered) cg::this_cluster().sync();  // no block may leave while another reads its shared memory
+#endif
 }
 
 // The column finish: a block of kFinishThreads threads takes `columns` columns of one
@@ -807,6 +912,42 @@ inline RowVersion pick_row_version(int64_t vectors, bool fits_registers, bool fi
   return fits_cluster ? RowVersion::kCluster : RowVersion::kGlobal;
 }
 
+// The launch of a grid of clusters of `blocks` blocks of `threads` threads each.
+struct ClusterLaunch {
+  cudaLaunchAttribute shape[1] = {};
+  cudaLaunchConfig_t config = {};
+
+  ClusterLaunch(int64_t blocks, int threads, cudaStream_t stream) {
+    shape[0].id = cudaLaunchAttributeClusterDimension;
+    shape[0].val.clusterDim.x = unsigned(blocks);
+    shape[0].val.clusterDim.y = 1;
+    shape[0].val.clusterDim.z = 1;
+    config.blockDim = dim3(unsigned(threads));
+    config.gridDim = dim3(unsigned(blocks));
+    config.stream = stream;
+    config.attrs = shape;
+    config.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;  // config points into shape
+
+  // Clusters of `kernel` resident at once; 0 when the GPU cannot run such clusters.
+  template <typename Kernel>
+  int resident(Kernel kernel) {
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+      cudaGetLastError();  // the query's error is an answer here, not a failure of the call
+      return 0;
+    }
+    return clusters;
+  }
+
+  template <typename Kernel, typename... Params>
+  void launch(Kernel kernel, int64_t clusters, const Params&... params) {
+    config.gridDim = dim3(unsigned(clusters * shape[0].val.clusterDim.x));
+    cudaLaunchKernelEx(&config, kernel, params...);
+  }
+};
+
 // Launches cluster_row_kernel for rows of `vectors` vectors over clusters of `blocks`
 // blocks of `threads`; false when the GPU cannot run such clusters (the caller then takes
 // another version).
@@ -819,27 +960,51 @@ bool launch_cluster_rows(const Args& args, const Math& math, int64_t vectors, bo
   const int64_t blocks = (threads + block - 1) / block < 2 ? 2 : (threads + block - 1) / block;
   if (blocks > kMaxClusterBlocks) return false;
   const auto kernel = cluster_row_kernel<T, Args, Math, V>;
-  cudaLaunchAttribute cluster_shape[1] = {};
-  cluster_shape[0].id = cudaLaunchAttributeClusterDimension;
-  cluster_shape[0].val.clusterDim.x = unsigned(blocks);
-  cluster_shape[0].val.clusterDim.y = 1;
-  cluster_shape[0].val.clusterDim.z = 1;
-  cudaLaunchConfig_t config = {};
-  config.blockDim = dim3(unsigned(block));
-  config.gridDim = dim3(unsigned(blocks));
-  config.stream = stream;
-  config.attrs = cluster_shape;
-  config.numAttrs = 1;
-  int resident = 0;
-  if (cudaOccupancyMaxActiveClusters(&resident, kernel, &config) != cudaSuccess || resident < 1) {
-    cudaGetLastError();  // the query's error is an answer here, not a failure of the call
-    return false;
-  }
+  ClusterLaunch clusters(blocks, block, stream);
+  const int resident = clusters.resident(kernel);
+  if (resident < 1) return false;
   if (dry_run) return true;
-  const int64_t clusters = chunked ? args.chunks : (args.rows < resident ? args.rows : resident);
-  config.gridDim = dim3(unsigned(clusters * blocks));
-  cudaLaunchKernelEx(&config, kernel, args, math);
+  clusters.launch(kernel, chunked ? args.chunks : (args.rows < resident ? args.rows : resident), args, math);
   return true;
+}
+
+// Launches global_row_kernel. On sm_90, rows of 16-byte vectors longer than
+// kGlobalRowThreads * kGlobalVectorsPerThread vectors are shared by the blocks of a
+// cluster (up to kMaxClusterBlocks). The workers (blocks or clusters) are as many as fit
+// at once, but no more than half the L2 holds (their rows' per-element inputs and their
+// chunks' partials) unless that would leave multiprocessors idle: every pass after the
+// first then reads the row from L2, and the rows of a chunk add to partials there. With
+// a block per row and every row in flight, layernorm's fp32 backward at 256x262144 read
+// 512 MiB of rows at a time, and each pass went back to DRAM.
+constexpr int kGlobalVectorsPerThread = 8;
+template <typename T, typename Args, typename Math, int V>
+void launch_global_rows(const Args& args, const Math& math, int64_t vectors, bool chunked, cudaStream_t stream) {
+  const DeviceInfo device = current_device_info();
+  constexpr int64_t kPerBlock = int64_t(kGlobalRowThreads) * kGlobalVectorsPerThread;
+  const int64_t wanted_blocks = V > 1 && device.arch >= 90 ? (vectors + kPerBlock - 1) / kPerBlock : 1;
+  const int64_t blocks = wanted_blocks < kMaxClusterBlocks ? wanted_blocks : kMaxClusterBlocks;
+  const int64_t work = chunked ? args.chunks : args.rows;
+  // What a worker keeps re-reading: its row's per-element inputs, and its chunk's partials.
+  const int64_t row_bytes = int64_t(kElementInputCount<Math>) * args.length * int64_t(sizeof(T)) +
+                            (chunked ? int64_t(Math::kColumnSums) * args.length * int64_t(sizeof(float)) : 0);
+  const int64_t fill = (device.multiprocessors + blocks - 1) / blocks;
+  const int64_t in_l2 = row_bytes > 0 ? int64_t(device.l2_bytes / 2) / row_bytes : work;
+  const int64_t cap = in_l2 > fill ? in_l2 : fill;
+  const int64_t workers = work < cap ? work : cap;
+  if constexpr (V > 1) {  // rows of single elements take a block each (blocks is 1)
+    if (blocks > 1) {
+      const auto kernel = global_row_kernel<T, Args, Math, V, true>;
+      ClusterLaunch clusters(blocks, kGlobalRowThreads, stream);
+      const int resident = clusters.resident(kernel);
+      if (resident > 0) {
+        clusters.launch(kernel, workers < resident ? workers : resident, args, math);
+        return;
+      }
+    }
+  }
+  const auto kernel = global_row_kernel<T, Args, Math, V, false>;
+  const unsigned grid = resident_grid_size(kernel, workers * kGlobalRowThreads, kGlobalRowThreads);
+  kernel<<<grid, kGlobalRowThreads, 0, stream>>>(args, math);
 }
 
 // The threshold of `table` for the current GPU and element type T.
@@ -907,13 +1072,10 @@ void launch_row_op(const Args& args, const Math& math, int64_t staged_min_vector
       if (vectorized) launch_cluster_rows<T, Args, Math, V>(args, math, vectors, chunked, stream, false);
       else launch_cluster_rows<T, Args, Math, 1>(args, math, vectors, chunked, stream, false);
       break;
-    default: {  // RowVersion::kGlobal
-      const auto kernel = global_row_kernel<T, Args, Math>;
-      const unsigned blocks = chunked ? unsigned(args.chunks)
-                                      : resident_grid_size(kernel, args.rows * kGlobalRowThreads, kGlobalRowThreads);
-      kernel<<<blocks, kGlobalRowThreads, 0, stream>>>(args, math);
+    default:  // RowVersion::kGlobal
+      if (vectorized) launch_global_rows<T, Args, Math, V>(args, math, vectors, chunked, stream);
+      else launch_global_rows<T, Args, Math, 1>(args, math, vectors, chunked, stream);
       break;
-    }
   }
   if (chunked && args.length > 0) {
     const int columns = finish_columns(args.length);
