@@ -6,20 +6,24 @@ dispatch thresholds the build takes in: tuning/sm_<arch>.json.
     pip install --no-build-isolation -e .           # regenerates the .cu tables, rebuilds
 
 For every row op (the ops of csrc/include/avo/row_cuda.cuh), kernel (forward, backward),
-dtype (float16, bfloat16, float32) and row length N (powers of two from 256 to 32768, as
+dtype (float16, bfloat16, float32) and row length N (powers of two from 256 to 262144, as
 many rows as fit in --elements elements), it times torch.ops.avo.<op>[_backward] with
-every call forced onto the register version and then onto the staged version
+every call forced onto each version in turn: register, staged, cluster, global
 (avo_ops._C.set_row_version; a call that cannot take the forced version takes the table's
-choice, so beyond the register limit both runs time the same kernel). Timing is
+choice, so where a version does not fit its run times another kernel). Timing is
 bench_ops.py's: CUDA events, median of --reps calls, inputs rotated beyond L2.
 
-The threshold of (op, kernel, dtype) is the shortest row, in 16-byte vectors, from which
-the staged version is faster by more than --margin at that length and no slower by more
-than --margin at every longer one; null (never) when there is none. The file also keeps
-every time measured, the GPU, the versions and the command.
+Two thresholds per (op, kernel, dtype), in 16-byte vectors, each the shortest row from
+which a version is faster by more than --margin at that length and no slower by more than
+--tolerance at every longer one; null (never) when there is none. The tolerance is wider
+than the margin because beyond the other versions' limits every forced run takes the same
+kernel, and two runs of one kernel differed by up to 1.7% on the H200:
+  - staged_min_vectors: staged against register, over N up to 32768 (beyond, neither fits);
+  - global_min_vectors: global against the fastest of the other three.
+The file also keeps every time measured, the GPU, the versions and the command.
 
 Options: --ops, --dtypes, --row-lengths, --elements (default 2^26), --reps (default 30),
---margin (default 0.01), --out PATH (default tuning/sm_<arch>.json under the repository).
+--margin (default 0.01), --tolerance (default 0.03), --out PATH (default tuning/sm_<arch>.json under the repository).
 """
 from __future__ import annotations
 
@@ -44,7 +48,9 @@ from generator.build import load_schedules  # noqa: E402
 ROW_OPS = [s.spec.name for s in load_schedules(ROOT, os.path.join(ROOT, "specs")) if s.pattern == "row"]
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 ROLES = {"fwd": "forward", "bwd": "backward"}
-DEFAULT_LENGTHS = [256 << i for i in range(8)]  # 256 ... 32768
+DEFAULT_LENGTHS = [256 << i for i in range(11)]  # 256 ... 262144
+STAGED_MAX_LENGTH = 32768  # the longest row of one input the staged version holds (bf16/fp16)
+VERSIONS = ("register", "staged", "cluster", "global")
 
 
 def time_version(avo_ops, case, shape, dtype, version: str, timer: bench_ops.Timer) -> float:
@@ -60,16 +66,26 @@ def time_version(avo_ops, case, shape, dtype, version: str, timer: bench_ops.Tim
     return sorted(times)[len(times) // 2]
 
 
-def threshold(points: list[tuple[int, float, float]], margin: float) -> int | None:
-    """points: (vectors, register us, staged us) by increasing length. The shortest length
-    from which staged wins by more than `margin` there and loses by no more than `margin`
-    at every longer length; None if no length qualifies."""
+def threshold(points: list[tuple[int, float, float]], margin: float, tolerance: float) -> int | None:
+    """points: (vectors, incumbent us, challenger us) by increasing length. The shortest
+    length from which the challenger wins by more than `margin` there and loses by no
+    more than `tolerance` at every longer length; None if no length qualifies."""
     best = None
-    for i, (vectors, register, staged) in enumerate(points):
-        if staged < register * (1 - margin) and all(s <= r * (1 + margin) for _, r, s in points[i:]):
+    for i, (vectors, incumbent, challenger) in enumerate(points):
+        if challenger < incumbent * (1 - margin) and all(c <= n * (1 + tolerance) for _, n, c in points[i:]):
             best = vectors
             break
     return best
+
+
+def thresholds(measurements: list[dict], margin: float, tolerance: float) -> tuple[int | None, int | None]:
+    """(staged_min_vectors, global_min_vectors) of one (op, kernel, dtype) from its
+    measurements by increasing length."""
+    staged = threshold([(m["vectors"], m["register_us"], m["staged_us"]) for m in measurements
+                        if m["row_length"] <= STAGED_MAX_LENGTH], margin, tolerance)
+    best_other = [(m["vectors"], min(m[f"{v}_us"] for v in VERSIONS if v != "global"), m["global_us"])
+                  for m in measurements]
+    return staged, threshold(best_other, margin, tolerance)
 
 
 def main(argv=None) -> int:
@@ -80,6 +96,7 @@ def main(argv=None) -> int:
     p.add_argument("--elements", type=int, default=1 << 26)
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--margin", type=float, default=0.01)
+    p.add_argument("--tolerance", type=float, default=0.03)
     p.add_argument("--out", help="default: tuning/sm_<arch>.json in the repository")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -101,25 +118,27 @@ def main(argv=None) -> int:
 
     timer = bench_ops.Timer(args.reps, warmup=5)
     plan = [(op, d, dtype, n) for op in ops for d in ROLES for dtype in dtypes for n in lengths]
-    measurements, table = [], {}
+    measurements = []
+    tables = {"staged_min_vectors": {}, "global_min_vectors": {}}
     with torch.no_grad():
         for i, (op, direction, dtype_name, n) in enumerate(plan, 1):
             case = bench_cases.find_case(op, direction)
             dtype = DTYPES[dtype_name]
             shape = case.layout((max(1, args.elements // n), n))
-            times = {v: time_version(avo_ops, case, shape, dtype, v, timer) for v in ("register", "staged")}
+            times = {v: time_version(avo_ops, case, shape, dtype, v, timer) for v in VERSIONS}
             vectors = n * dtype.itemsize // 16
             measurements.append({"op": op, "kernel": ROLES[direction], "dtype": dtype_name, "row_length": n,
                                  "vectors": vectors, "shape": list(shape),
-                                 "register_us": round(times["register"], 2), "staged_us": round(times["staged"], 2)})
-            print(f"[{i}/{len(plan)}] {op}.{direction} {dtype_name} N={n}: register {times['register']:.1f} us, "
-                  f"staged {times['staged']:.1f} us", file=sys.stderr, flush=True)
+                                 **{f"{v}_us": round(times[v], 2) for v in VERSIONS}})
+            print(f"[{i}/{len(plan)}] {op}.{direction} {dtype_name} N={n}: "
+                  + ", ".join(f"{v} {times[v]:.1f} us" for v in VERSIONS), file=sys.stderr, flush=True)
     for op in ops:
         for direction, role in ROLES.items():
             for dtype_name in dtypes:
-                points = [(m["vectors"], m["register_us"], m["staged_us"]) for m in measurements
-                          if (m["op"], m["kernel"], m["dtype"]) == (op, role, dtype_name)]
-                table.setdefault(op, {}).setdefault(role, {})[dtype_name] = threshold(points, args.margin)
+                found = thresholds([m for m in measurements if (m["op"], m["kernel"], m["dtype"]) == (op, role, dtype_name)],
+                                   args.margin, args.tolerance)
+                for name, value in zip(tables, found):
+                    tables[name].setdefault(op, {}).setdefault(role, {})[dtype_name] = value
     result = {
         "arch": arch,
         "gpu": torch.cuda.get_device_name(),
@@ -127,9 +146,10 @@ def main(argv=None) -> int:
         "command": shlex.join([os.path.basename(sys.executable), *sys.argv]),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "rule": f"staged from the shortest row where it is faster by more than {args.margin:.0%} and no "
-                f"slower by more than {args.margin:.0%} at every longer row; null: never",
-        "staged_min_vectors": table,
+        "rule": f"staged from the shortest row where it is faster than register by more than {args.margin:.0%} "
+                f"and slower by no more than {args.tolerance:.0%} at every longer row (N <= {STAGED_MAX_LENGTH}); "
+                f"global the same against the fastest of register, staged and cluster; null: never",
+        **tables,
         "measurements": measurements,
     }
     os.makedirs(os.path.dirname(out), exist_ok=True)
@@ -137,10 +157,12 @@ def main(argv=None) -> int:
         json.dump(result, f, indent=1)
         f.write("\n")
     print(f"wrote {out}")
-    for op, roles in table.items():
-        for role, by_dtype in roles.items():
-            print(f"  {op:16} {role:8} " + "  ".join(f"{d}: {v if v is not None else 'never'}"
-                                                     for d, v in by_dtype.items()))
+    for name, table in tables.items():
+        print(name)
+        for op, roles in table.items():
+            for role, by_dtype in roles.items():
+                print(f"  {op:16} {role:8} " + "  ".join(f"{d}: {v if v is not None else 'never'}"
+                                                         for d, v in by_dtype.items()))
     return 0
 
 

@@ -17,7 +17,7 @@ from .emit_c import StatementPrinter, float_literal
 from .emit_kernels import bitmask, entry_points, enum_name, header_comment, launcher_params
 from .ir import REDUCTION_OPS, Graph, Node, const, make, reduce, topological_order
 from .schedule import OpSchedule, RowKernel, Specialization
-from .tuning import DTYPES as TUNING_DTYPES, ArchTuning
+from .tuning import DTYPES as TUNING_DTYPES, TABLES as TUNING_TABLES, ArchTuning
 
 REDUCE_CALL = {"rsum": "sum", "rmax": "max", "rmin": "min"}
 
@@ -439,33 +439,43 @@ def emit_row_math(s: OpSchedule) -> str:
     return "\n".join(lines)
 
 
-def _tuning_rows(s: OpSchedule, kernel: RowKernel, tunings: list[ArchTuning]) -> list[tuple[str, int, list]]:
-    """(GPU label, arch, thresholds per dtype) of one kernel: the tuned GPUs, then the rest."""
+def _tuning_rows(s: OpSchedule, kernel: RowKernel, tunings: list[ArchTuning]) -> list[tuple[str, int, dict]]:
+    """(GPU label, arch, table name -> thresholds per dtype) of one kernel: the tuned GPUs,
+    then the rest."""
     rows = [(f"sm_{t.arch} ({t.gpu})" if t.gpu else f"sm_{t.arch}", t.arch,
-             [t.threshold(s.spec.name, kernel.role, d) for d in TUNING_DTYPES]) for t in tunings]
-    return rows + [("any other GPU", 0, [None] * len(TUNING_DTYPES))]
+             {table: [t.threshold(table, s.spec.name, kernel.role, d) for d in TUNING_DTYPES]
+              for table in TUNING_TABLES}) for t in tunings]
+    return rows + [("any other GPU", 0, {table: [None] * len(TUNING_DTYPES) for table in TUNING_TABLES})]
 
 
 def _dispatch_table(s: OpSchedule, tunings: list[ArchTuning]) -> list[str]:
     """The row-version dispatch of both kernels: a readable table, then the arrays the
-    launchers pass to avo::staged_min_vectors."""
+    launchers pass to avo::row_thresholds."""
     kernels = [(k, _tuning_rows(s, k, tunings)) for k in (s.forward, s.backward)]
     width = max(len(gpu) for _, rows in kernels for gpu, _, _ in rows)
     lines = [
         "// Which version of avo/row_cuda.cuh a call runs (pick_row_version, on the host per",
-        "// call): rows of 16-byte vectors take StagedRow from the length in vectors below on",
-        "// (where it fits), RegisterRow below it (where it fits), GlobalRow otherwise; \"never\":",
-        "// StagedRow only for rows registers cannot hold. Measured by benchmarks/tune_rows.py",
-        "// (tuning/sm_<arch>.json).",
-        f"//   | {'kernel':8} | {'GPU':{width}} | " + " | ".join(f"{d:>8}" for d in TUNING_DTYPES) + " |",
+        "// call): rows of 16-byte vectors take GlobalRow from the length in vectors of the",
+        "// \"global\" line on, else StagedRow from that of the \"staged\" line on (where it",
+        "// fits), RegisterRow below it (where it fits), the cluster version or GlobalRow",
+        "// otherwise; \"never\": only where no other version fits. Measured by",
+        "// benchmarks/tune_rows.py (tuning/sm_<arch>.json).",
+        f"//   | {'kernel':8} | {'GPU':{width}} | from   | " + " | ".join(f"{d:>8}" for d in TUNING_DTYPES) + " |",
     ]
     for kernel, rows in kernels:
-        lines += [f"//   | {kernel.role:8} | {gpu:{width}} | "
-                  + " | ".join(f"{'never' if v is None else v:>8}" for v in values) + " |" for gpu, _, values in rows]
+        for gpu, _, tables in rows:
+            for table in TUNING_TABLES:
+                version = table.split("_")[0]
+                lines.append(f"//   | {kernel.role:8} | {gpu:{width}} | {version:6} | "
+                             + " | ".join(f"{'never' if v is None else v:>8}" for v in tables[table]) + " |")
+
+    def array(values):
+        return "{" + ", ".join("avo::kNever" if v is None else str(v) for v in values) + "}"
+
     for kernel, rows in kernels:
         lines.append(f"constexpr avo::RowTuning k{kernel.role.capitalize()}Tuning[] = {{")
-        lines += [f"    {{{arch}, {{{', '.join('avo::kStagedNever' if v is None else str(v) for v in values)}}}}},"
-                  for _, arch, values in rows]
+        lines += [f"    {{{arch}, {', '.join(array(tables[t]) for t in TUNING_TABLES)}}},"
+                  for _, arch, tables in rows]
         lines.append("};")
     return lines + [""]
 
@@ -480,7 +490,7 @@ def emit_row_cuda(s: OpSchedule, tunings: list[ArchTuning] = ()) -> str:
     lines += entry_points(
         s, "cuda", "cudaStream_t stream", "__half, __nv_bfloat16",
         lambda k, init: f"avo::launch_row_op<T, {k.args_type}>(args, {init}, "
-                        f"avo::staged_min_vectors<T>(k{k.role.capitalize()}Tuning), stream);")
+                        f"avo::row_thresholds<T>(k{k.role.capitalize()}Tuning), stream);")
     lines += [f"}}  // namespace avo::ops::{spec.name}", ""]
     return "\n".join(lines)
 

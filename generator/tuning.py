@@ -2,12 +2,15 @@
 tuning/ (tuning/sm_90.json), written by benchmarks/tune_rows.py on that GPU and read
 here at generation time, so that the thresholds land in the generated .cu sources.
 
-A file holds, besides how it was measured, for each row op and kernel ("forward",
-"backward") and element type the row length in 16-byte vectors from which the staged
-(shared-memory) version beats the register version, or null where it never does:
+A file holds, besides how it was measured, two tables. For each row op and kernel
+("forward", "backward") and element type: the row length in 16-byte vectors from which
+the staged (shared-memory) version beats the register version, and the one from which
+the global version beats every other; null where it never does (a file without
+"global_min_vectors" never takes the global version by choice):
 
-    {"arch": 90, "gpu": "NVIDIA H200", "staged_min_vectors":
-        {"layernorm": {"forward": {"float16": 512, "bfloat16": 512, "float32": null}, ...}}}
+    {"arch": 90, "gpu": "NVIDIA H200",
+     "staged_min_vectors": {"layernorm": {"forward": {"float16": 512, "bfloat16": 512, "float32": null}, ...}},
+     "global_min_vectors": {"softmax": {"forward": {"float16": 8192, ...}, ...}, ...}}
 """
 from __future__ import annotations
 
@@ -19,7 +22,8 @@ from dataclasses import dataclass
 from .errors import SpecError
 
 TUNING_DIR = "tuning"
-DTYPES = ("float16", "bfloat16", "float32")  # the order of avo::RowTuning::staged_min_vectors
+DTYPES = ("float16", "bfloat16", "float32")  # the order of the arrays of avo::RowTuning
+TABLES = ("staged_min_vectors", "global_min_vectors")
 ROLES = ("forward", "backward")
 
 
@@ -27,11 +31,12 @@ ROLES = ("forward", "backward")
 class ArchTuning:
     arch: int  # compute capability, major * 10 + minor
     gpu: str
-    # (op, role, dtype) -> threshold in vectors; absent or None: never staged by choice
-    staged_min_vectors: dict[tuple[str, str, str], int | None]
+    # table name (TABLES) -> (op, role, dtype) -> threshold in vectors; absent or None:
+    # never by choice
+    thresholds: dict[str, dict[tuple[str, str, str], int | None]]
 
-    def threshold(self, op: str, role: str, dtype: str) -> int | None:
-        return self.staged_min_vectors.get((op, role, dtype))
+    def threshold(self, table: str, op: str, role: str, dtype: str) -> int | None:
+        return self.thresholds[table].get((op, role, dtype))
 
 
 def load_tunings(root: str) -> list[ArchTuning]:
@@ -58,9 +63,16 @@ def _parse(path: str, shown: str, arch: int) -> ArchTuning:
         fail(f"cannot be read: {error}")
     if data.get("arch") != arch:
         fail(f"'arch' is {data.get('arch')!r} but the file name says {arch}")
-    table = data.get("staged_min_vectors")
-    if not isinstance(table, dict):
-        fail("'staged_min_vectors' must map op -> kernel -> dtype -> vectors or null")
+    tables = {}
+    for name in TABLES:
+        table = data.get(name, {} if name == "global_min_vectors" else None)
+        if not isinstance(table, dict):
+            fail(f"'{name}' must map op -> kernel -> dtype -> vectors or null")
+        tables[name] = _parse_table(table, fail)
+    return ArchTuning(arch, str(data.get("gpu", "")), tables)
+
+
+def _parse_table(table: dict, fail) -> dict[tuple[str, str, str], int | None]:
     thresholds = {}
     for op, roles in table.items():
         if not isinstance(roles, dict) or set(roles) - set(ROLES):
@@ -72,4 +84,4 @@ def _parse(path: str, shown: str, arch: int) -> ArchTuning:
                 if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                     fail(f"'{op}.{role}.{dtype}' must be a positive number of vectors or null, got {value!r}")
                 thresholds[(op, role, dtype)] = value
-    return ArchTuning(arch, str(data.get("gpu", "")), thresholds)
+    return thresholds

@@ -37,21 +37,31 @@ def _softmax_cu(root) -> str:
 
 def test_without_tuning_files_every_gpu_gets_the_default(tmp_path):
     cu = _softmax_cu(_tree(tmp_path, None))
-    assert "//   | forward  | any other GPU |    never |    never |    never |" in cu
-    assert "{0, {avo::kStagedNever, avo::kStagedNever, avo::kStagedNever}}," in cu
-    assert "avo::staged_min_vectors<T>(kForwardTuning)" in cu and "avo::staged_min_vectors<T>(kBackwardTuning)" in cu
+    assert "//   | forward  | any other GPU | staged |    never |    never |    never |" in cu
+    assert "//   | forward  | any other GPU | global |    never |    never |    never |" in cu
+    assert "{0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}}," in cu
+    assert "avo::row_thresholds<T>(kForwardTuning)" in cu and "avo::row_thresholds<T>(kBackwardTuning)" in cu
 
 
 def test_a_tuning_file_sets_the_thresholds_of_its_arch(tmp_path):
-    tuning = {"arch": 90, "gpu": "NVIDIA H200", "staged_min_vectors": {
-        "softmax": {"forward": {"float16": 512, "bfloat16": None, "float32": 2048},
-                    "backward": {"float32": 1024}}}}
+    tuning = {"arch": 90, "gpu": "NVIDIA H200",
+              "staged_min_vectors": {"softmax": {"forward": {"float16": 512, "bfloat16": None, "float32": 2048},
+                                                 "backward": {"float32": 1024}}},
+              "global_min_vectors": {"softmax": {"forward": {"float32": 4096}}}}
     cu = _softmax_cu(_tree(tmp_path, tuning))
-    assert "//   | forward  | sm_90 (NVIDIA H200) |      512 |    never |     2048 |" in cu
-    assert "//   | backward | sm_90 (NVIDIA H200) |    never |    never |     1024 |" in cu
+    assert "//   | forward  | sm_90 (NVIDIA H200) | staged |      512 |    never |     2048 |" in cu
+    assert "//   | forward  | sm_90 (NVIDIA H200) | global |    never |    never |     4096 |" in cu
+    assert "//   | backward | sm_90 (NVIDIA H200) | staged |    never |    never |     1024 |" in cu
+    assert "//   | backward | sm_90 (NVIDIA H200) | global |    never |    never |    never |" in cu
     forward = cu[cu.index("kForwardTuning[] = {"):]
-    assert forward.splitlines()[1].strip() == "{90, {512, avo::kStagedNever, 2048}},"
-    assert forward.splitlines()[2].strip() == "{0, {avo::kStagedNever, avo::kStagedNever, avo::kStagedNever}},"
+    assert forward.splitlines()[1].strip() == "{90, {512, avo::kNever, 2048}, {avo::kNever, avo::kNever, 4096}},"
+    assert forward.splitlines()[2].strip() == "{0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},"
+
+
+def test_a_tuning_file_without_a_global_table_never_picks_global(tmp_path):
+    tuning = {"arch": 90, "gpu": "NVIDIA H200", "staged_min_vectors": {"softmax": {"forward": {"float16": 512}}}}
+    cu = _softmax_cu(_tree(tmp_path, tuning))
+    assert "//   | forward  | sm_90 (NVIDIA H200) | global |    never |    never |    never |" in cu
 
 
 @pytest.mark.parametrize("content, name, phrase", [
@@ -62,6 +72,9 @@ def test_a_tuning_file_sets_the_thresholds_of_its_arch(tmp_path):
      "'softmax.forward' must map"),
     ({"arch": 90, "staged_min_vectors": {"softmax": {"forward": {"float32": -4}}}}, "sm_90.json",
      "'softmax.forward.float32' must be a positive number of vectors or null, got -4"),
+    ({"arch": 90, "staged_min_vectors": {}, "global_min_vectors": [4]}, "sm_90.json", "'global_min_vectors' must map"),
+    ({"arch": 90, "staged_min_vectors": {}, "global_min_vectors": {"softmax": {"backward": {"bfloat16": 0}}}},
+     "sm_90.json", "'softmax.backward.bfloat16' must be a positive number of vectors or null, got 0"),
 ])
 def test_bad_tuning_files_are_rejected_with_their_name(tmp_path, content, name, phrase):
     root = _tree(tmp_path, content, name)
@@ -78,9 +91,30 @@ def test_threshold_rule():
     from tune_rows import threshold
 
     # (vectors, register us, staged us)
-    assert threshold([(32, 10, 12), (64, 10, 9), (128, 10, 8), (256, 10, 10)], 0.01) == 64
+    assert threshold([(32, 10, 12), (64, 10, 9), (128, 10, 8), (256, 10, 10)], 0.01, 0.03) == 64
     # staged faster at 64 but slower again at 128: only from 256 on
-    assert threshold([(32, 10, 12), (64, 10, 9), (128, 10, 11), (256, 10, 8)], 0.01) == 256
+    assert threshold([(32, 10, 12), (64, 10, 9), (128, 10, 11), (256, 10, 8)], 0.01, 0.03) == 256
+    # ... unless the loss is within the tolerance
+    assert threshold([(32, 10, 12), (64, 10, 9), (128, 10, 10.2), (256, 10, 8)], 0.01, 0.03) == 64
     # equal everywhere (e.g. beyond the register limit both runs take one kernel): never
-    assert threshold([(32, 10, 10), (64, 10, 10.05)], 0.01) is None
-    assert threshold([], 0.01) is None
+    assert threshold([(32, 10, 10), (64, 10, 10.05)], 0.01, 0.03) is None
+    assert threshold([], 0.01, 0.03) is None
+
+
+def test_global_threshold_is_against_the_fastest_other_version():
+    from tune_rows import thresholds
+
+    def m(n, register, staged, cluster, global_):
+        return {"row_length": n, "vectors": n // 8, "register_us": register, "staged_us": staged,
+                "cluster_us": cluster, "global_us": global_}
+
+    # global beats register from 4096 on, but staged (faster) only from 16384 on
+    points = [m(1024, 10, 10, 12, 11), m(4096, 10, 8, 12, 9), m(16384, 10, 8, 12, 7), m(65536, 20, 20, 15, 12)]
+    assert thresholds(points, 0.01, 0.03) == (512, 2048)
+    # beyond every other version's limit all runs time the global kernel: noise within the
+    # tolerance does not move the threshold
+    points += [m(262144, 24.6, 24.1, 24.2, 24.5)]
+    assert thresholds(points, 0.01, 0.03) == (512, 2048)
+    # staged is compared with register over N <= 32768 only; global never wins
+    points = [m(16384, 10, 10, 10, 11), m(65536, 20, 10, 15, 16)]
+    assert thresholds(points, 0.01, 0.03) == (None, None)

@@ -9,35 +9,40 @@
 namespace avo::ops::layernorm {
 
 // Which version of avo/row_cuda.cuh a call runs (pick_row_version, on the host per
-// call): rows of 16-byte vectors take StagedRow from the length in vectors below on
-// (where it fits), RegisterRow below it (where it fits), GlobalRow otherwise; "never":
-// StagedRow only for rows registers cannot hold. Measured by benchmarks/tune_rows.py
-// (tuning/sm_<arch>.json).
-//   | kernel   | GPU                 |  float16 | bfloat16 |  float32 |
-//   | forward  | sm_90 (NVIDIA H200) |    never |    never |     4096 |
-//   | forward  | any other GPU       |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200) |      128 |      128 |       64 |
-//   | backward | any other GPU       |    never |    never |    never |
+// call): rows of 16-byte vectors take GlobalRow from the length in vectors of the
+// "global" line on, else StagedRow from that of the "staged" line on (where it
+// fits), RegisterRow below it (where it fits), the cluster version or GlobalRow
+// otherwise; "never": only where no other version fits. Measured by
+// benchmarks/tune_rows.py (tuning/sm_<arch>.json).
+//   | kernel   | GPU                 | from   |  float16 | bfloat16 |  float32 |
+//   | forward  | sm_90 (NVIDIA H200) | staged |    never |    never |    never |
+//   | forward  | sm_90 (NVIDIA H200) | global |    never |    never |    never |
+//   | forward  | any other GPU       | staged |    never |    never |    never |
+//   | forward  | any other GPU       | global |    never |    never |    never |
+//   | backward | sm_90 (NVIDIA H200) | staged |      128 |      128 |       64 |
+//   | backward | sm_90 (NVIDIA H200) | global |     8192 |     8192 |     4096 |
+//   | backward | any other GPU       | staged |    never |    never |    never |
+//   | backward | any other GPU       | global |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
-    {90, {avo::kStagedNever, avo::kStagedNever, 4096}},
-    {0, {avo::kStagedNever, avo::kStagedNever, avo::kStagedNever}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
+    {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
-    {90, {128, 128, 64}},
-    {0, {avo::kStagedNever, avo::kStagedNever, avo::kStagedNever}},
+    {90, {128, 128, 64}, {8192, 8192, 4096}},
+    {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 
 void forward_cuda(avo::DType dtype, const ForwardArgs& args, float eps, cudaStream_t stream) {
   avo::visit_dtype<__half, __nv_bfloat16>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    avo::launch_row_op<T, ForwardArgs>(args, ForwardMath{eps}, avo::staged_min_vectors<T>(kForwardTuning), stream);
+    avo::launch_row_op<T, ForwardArgs>(args, ForwardMath{eps}, avo::row_thresholds<T>(kForwardTuning), stream);
   });
 }
 
 void backward_cuda(avo::DType dtype, const BackwardArgs& args, float eps, cudaStream_t stream) {
   avo::visit_dtype<__half, __nv_bfloat16>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    avo::launch_row_op<T, BackwardArgs>(args, BackwardMath{eps}, avo::staged_min_vectors<T>(kBackwardTuning), stream);
+    avo::launch_row_op<T, BackwardArgs>(args, BackwardMath{eps}, avo::row_thresholds<T>(kBackwardTuning), stream);
   });
 }
 

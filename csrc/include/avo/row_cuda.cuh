@@ -897,17 +897,19 @@ inline int threads_for(int64_t vectors, int per_thread) {
   return threads;
 }
 
-// The version a call takes (see the top of this file): StagedRow for rows of at least
-// `staged_min_vectors` vectors (the generated, measured table), or that registers cannot
-// hold; else RegisterRow; GlobalRow for what neither takes.
+// The version a call takes (see the top of this file): GlobalRow for rows of at least
+// `thresholds.global_min_vectors` vectors, StagedRow for rows of at least
+// `thresholds.staged_min_vectors` (both from the generated, measured table) or that
+// registers cannot hold; else RegisterRow; the cluster version, then GlobalRow, for what
+// neither takes.
 inline RowVersion pick_row_version(int64_t vectors, bool fits_registers, bool fits_staged, bool fits_cluster,
-                                   int64_t staged_min_vectors) {
+                                   const RowThresholds& thresholds) {
   const RowVersion forced = forced_row_version();
   if (forced == RowVersion::kRegister && fits_registers) return RowVersion::kRegister;
   if (forced == RowVersion::kStaged && fits_staged) return RowVersion::kStaged;
   if (forced == RowVersion::kCluster && fits_cluster) return RowVersion::kCluster;
-  if (forced == RowVersion::kGlobal) return RowVersion::kGlobal;
-  if (fits_staged && (vectors >= staged_min_vectors || !fits_registers)) return RowVersion::kStaged;
+  if (forced == RowVersion::kGlobal || vectors >= thresholds.global_min_vectors) return RowVersion::kGlobal;
+  if (fits_staged && (vectors >= thresholds.staged_min_vectors || !fits_registers)) return RowVersion::kStaged;
   if (fits_registers) return RowVersion::kRegister;
   return fits_cluster ? RowVersion::kCluster : RowVersion::kGlobal;
 }
@@ -1007,20 +1009,20 @@ void launch_global_rows(const Args& args, const Math& math, int64_t vectors, boo
   kernel<<<grid, kGlobalRowThreads, 0, stream>>>(args, math);
 }
 
-// The threshold of `table` for the current GPU and element type T.
+// The thresholds of `table` for the current GPU and element type T.
 template <typename T, size_t N>
-int64_t staged_min_vectors(const RowTuning (&table)[N]) {
+RowThresholds row_thresholds(const RowTuning (&table)[N]) {
   const int arch = current_device_info().arch;
   constexpr int index = std::is_same<T, __half>::value ? 0 : std::is_same<T, __nv_bfloat16>::value ? 1 : 2;
   for (const RowTuning& row : table)
-    if (row.arch == arch || row.arch == 0) return row.staged_min_vectors[index];
-  return kStagedNever;
+    if (row.arch == arch || row.arch == 0) return {row.staged_min_vectors[index], row.global_min_vectors[index]};
+  return {};
 }
 
 // Picks the kernel version for the call (pick_row_version) and launches it, then the
 // column finish when the call wants per-column outputs.
 template <typename T, typename Args, typename Math>
-void launch_row_op(const Args& args, const Math& math, int64_t staged_min_vectors, cudaStream_t stream) {
+void launch_row_op(const Args& args, const Math& math, const RowThresholds& table, cudaStream_t stream) {
   if (args.rows == 0) return;
   constexpr int V = 16 / sizeof(T);
   const bool chunked = wants_column_sums<Math>(args);
@@ -1035,7 +1037,10 @@ void launch_row_op(const Args& args, const Math& math, int64_t staged_min_vector
   const bool fits_cluster =
       may_cluster && (vectorized ? launch_cluster_rows<T, Args, Math, V>(args, math, vectors, chunked, stream, true)
                                  : launch_cluster_rows<T, Args, Math, 1>(args, math, vectors, chunked, stream, true));
-  switch (pick_row_version(vectors, fits_registers, fits_staged, fits_cluster, staged_min_vectors)) {
+  // The table counts 16-byte vectors: rows of single elements take the global version
+  // only where nothing else fits.
+  const RowThresholds thresholds = {table.staged_min_vectors, vectorized ? table.global_min_vectors : kNever};
+  switch (pick_row_version(vectors, fits_registers, fits_staged, fits_cluster, thresholds)) {
     case RowVersion::kRegister: {
       const int group = threads_for(vectors, kRowVectors<Math>);
       const int block = group < kRowBlockThreads ? kRowBlockThreads : group;

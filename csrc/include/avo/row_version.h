@@ -10,16 +10,24 @@ namespace avo {
 
 // The measured part of the dispatch of one row kernel (forward or backward of an op):
 // on GPUs of compute capability `arch` (major * 10 + minor; 0: any other GPU), rows of
-// at least staged_min_vectors[t] 16-byte vectors take the staged version where it fits,
-// t indexing float16, bfloat16, float32. The generated sources hold these tables, from
-// the files of tuning/ (benchmarks/tune_rows.py writes them).
+// 16-byte vectors take the global version from global_min_vectors[t] vectors on, else
+// the staged version from staged_min_vectors[t] on where it fits, t indexing float16,
+// bfloat16, float32. The generated sources hold these tables, from the files of tuning/
+// (benchmarks/tune_rows.py writes them).
 struct RowTuning {
   int arch;
   int64_t staged_min_vectors[3];
+  int64_t global_min_vectors[3];
 };
 
-// Staged only for rows that registers cannot hold.
-constexpr int64_t kStagedNever = INT64_MAX;
+// A version never taken by choice, only where no other fits.
+constexpr int64_t kNever = INT64_MAX;
+
+// The thresholds of one call: its GPU's row of the table, at its element type.
+struct RowThresholds {
+  int64_t staged_min_vectors = kNever;
+  int64_t global_min_vectors = kNever;
+};
 
 enum class RowVersion { kAuto = -1, kRegister, kStaged, kCluster, kGlobal };
 
