@@ -5,8 +5,11 @@ per chunk of rows and then summed over the chunks in a fixed order (deterministi
 
 The math of a row op is one function, `apply(row)`, written against a row object that
 provides `row.sum(term)`, `row.max(term)`, `row.sums(out, terms)` (several
-independent sums in one pass), `row.for_each(body)` and `row.column_sums<K>(terms)`; each calls its lambda once per element with an element
-handle `at` (`at.load(k)`, `at.load_col(k, missing)`, `at.store(k, value)`). The CPU
+independent sums in one pass), `row.for_each(body)` and, for a backward with per-column
+outputs, `row.for_each_with_column_sums<K>(body)` (the last pass: the body stores the
+element outputs and yields the K per-column terms); each calls its lambda once per
+element with an element handle `at` (`at.load(k)`, `at.load_col(k, missing)`,
+`at.store(k, value)`). The CPU
 (avo/row_cpu.h) and the GPU (avo/row_cuda.cuh: the row held in registers) supply their own.
 """
 from __future__ import annotations
@@ -307,22 +310,23 @@ class RowProgram:
             for name, node in row.items():
                 value = self.known.get(id(node)) or self._scalar(node)
                 lines.append(f"row.{store_row[name]}({self._output_index(name)}, {value});")
-        if elem:
-            lines += self._hoist(list(elem.values()))
-            block, columns = self._element_block(dict(elem))
-            lines.append(f"row.for_each({columns}, [&](const auto& at) {{")
-            lines += [f"  {line}" for line in block]
-            lines += [f"  at.store({self._output_index(name)}, {name});" for name in elem]
-            lines.append("});")
-        if self.column_sums:
-            # The summand of each per-column output at this element, in column_output order.
-            roots = {f"term_{k}": node.args[0] if node.op == "colsum" else node
-                     for k, node in enumerate(self.column_sums.values())}
+        # The last pass: the per-element outputs, and with them the summand of each
+        # per-column output at this element (term_k, in column_output order), so that the
+        # pass reads the row once for both.
+        terms = {f"term_{k}": node.args[0] if node.op == "colsum" else node
+                 for k, node in enumerate(self.column_sums.values())}
+        if elem or terms:
+            roots = {**elem, **terms}
             lines += self._hoist(list(roots.values()))
             block, columns = self._element_block(roots)
-            lines.append(f"row.template column_sums<kColumnSums>({columns}, [&](const auto& at, float* terms) {{")
+            if terms:
+                lines.append(f"row.template for_each_with_column_sums<kColumnSums>({columns}, "
+                             "[&](const auto& at, float* terms) {")
+            else:
+                lines.append(f"row.for_each({columns}, [&](const auto& at) {{")
             lines += [f"  {line}" for line in block]
-            lines += [f"  terms[{k}] = term_{k};" for k in range(len(roots))]
+            lines += [f"  at.store({self._output_index(name)}, {name});" for name in elem]
+            lines += [f"  terms[{k}] = {name};" for k, name in enumerate(terms)]
             lines.append("});")
         return lines
 

@@ -264,7 +264,7 @@ def test_reduction_errors_name_the_line(line, message):
     assert message in str(error.value)
 
 
-PASS_CALL = re.compile(r"row\.(?:template )?(sum|sums|max|min|for_each|column_sums)(?:<\w+>)?\(avo::columns<([0-9, ]*)>")
+PASS_CALL = re.compile(r"row\.(?:template )?(sum|sums|max|min|for_each_with_column_sums|for_each)(?:<\w+>)?\(avo::columns<([0-9, ]*)>")
 
 
 def _passes_and_columns(source: str) -> list[tuple[str, set[int], set[int]]]:
@@ -290,7 +290,7 @@ def test_every_pass_lists_exactly_the_columns_it_reads(path):
     read an unloaded vector and an extra one would load for nothing."""
     source = path.read_text(encoding="utf-8")
     passes = _passes_and_columns(source)
-    every_call = re.findall(r"row\.(?:template )?(?:sum|sums|max|min|for_each|column_sums)(?:<\w+>)?\(", source)
+    every_call = re.findall(r"row\.(?:template )?(?:sum|sums|max|min|for_each_with_column_sums|for_each)(?:<\w+>)?\(", source)
     assert passes and len(passes) == len(every_call)
     for call, tagged, loaded in passes:
         assert tagged == loaded, (call, tagged, loaded)
@@ -298,10 +298,25 @@ def test_every_pass_lists_exactly_the_columns_it_reads(path):
 
 def test_layernorm_reads_weight_and_bias_only_where_it_uses_them():
     """The forward's reductions read no parameter; its output pass reads weight and bias
-    (inputs 1 and 2). The backward reads weight (input 2) in its sums and its grad_x
-    pass, and no parameter in the pass that sums the parameter gradients."""
+    (inputs 1 and 2). The backward reads weight (input 2) in its sums and in its last
+    pass, which computes grad_x and the parameter gradients' terms together."""
     source = (ROOT / "csrc" / "generated" / "layernorm_math.h").read_text(encoding="utf-8")
     forward, backward = source.split("struct BackwardMath")
     assert [(c, t) for c, t, _ in _passes_and_columns(forward)] == [("sum", set()), ("sum", set()), ("for_each", {1, 2})]
     assert [(c, t) for c, t, _ in _passes_and_columns(backward)] == [
-        ("sums", {2}), ("sums", {2}), ("for_each", {2}), ("column_sums", set())]
+        ("sums", {2}), ("sums", {2}), ("for_each_with_column_sums", {2})]
+
+
+@pytest.mark.parametrize("path", ROW_MATH, ids=lambda p: p.name)
+def test_parameter_gradients_come_from_the_pass_that_writes_the_input_gradient(path):
+    """A backward with per-column outputs computes their terms in its last pass, together
+    with the per-element outputs (one pass over the row for both, and the shared
+    subexpressions computed once); a kernel without them ends with a plain for_each."""
+    structs = path.read_text(encoding="utf-8").split("\nstruct ")[1:]
+    assert structs
+    for struct in structs:
+        calls = [call for call, _, _ in _passes_and_columns(struct)]
+        if "kColumnSums = 0;" in struct:
+            assert "for_each_with_column_sums" not in calls and calls[-1] == "for_each", calls
+        else:
+            assert calls[-1] == "for_each_with_column_sums" and "for_each" not in calls, calls

@@ -123,7 +123,7 @@ struct BackwardMath {
     const float r0 = sum_3 * (-0.5f) * (rstd * rstd * rstd) / length;
     const float t0 = r0 * sum_4;
     const float r1 = (-(rstd * sum_1) - t0 - t0) / length;
-    row.for_each(avo::columns<4>, [&](const auto& at) {
+    row.template for_each_with_column_sums<kColumnSums>(avo::columns<4>, [&](const auto& at, float* terms) {
       const float grad_hidden = at.load(0);
       const float grad_y = at.load(1);
       const float weight = at.load_col(4, 1.0f);
@@ -133,18 +133,11 @@ struct BackwardMath {
       const float centered = hidden - mu;
       const float t0 = r0 * centered;
       const float grad_x = grad_hidden + (grad_y * weight * rstd + t0 + t0) + r1;
+      const float term_0 = grad_y * (centered * rstd);
       const float grad_residual = grad_x;
+      const float term_1 = grad_y;
       at.store(0, grad_x);
       at.store(1, grad_residual);
-    });
-    row.template column_sums<kColumnSums>(avo::columns<>, [&](const auto& at, float* terms) {
-      const float grad_y = at.load(1);
-      const float x = at.load(2);
-      const float residual = at.load(3);
-      const float hidden = x + residual;
-      const float centered = hidden - mu;
-      const float term_0 = grad_y * (centered * rstd);
-      const float term_1 = grad_y;
       terms[0] = term_0;
       terms[1] = term_1;
     });

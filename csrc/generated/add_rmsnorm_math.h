@@ -90,7 +90,7 @@ struct BackwardMath {
     const float sum_1 = sums_0[1];
     const float rrms = F::rsqrt(sum_0 / length + eps);
     const float r0 = sum_1 * (-0.5f) * (rrms * rrms * rrms) / length;
-    row.for_each(avo::columns<4>, [&](const auto& at) {
+    row.template for_each_with_column_sums<kColumnSums>(avo::columns<4>, [&](const auto& at, float* terms) {
       const float grad_hidden = at.load(0);
       const float grad_y = at.load(1);
       const float weight = at.load_col(4, 1.0f);
@@ -99,16 +99,10 @@ struct BackwardMath {
       const float hidden = x + residual;
       const float t0 = r0 * hidden;
       const float grad_x = grad_hidden + grad_y * weight * rrms + t0 + t0;
+      const float term_0 = grad_y * (hidden * rrms);
       const float grad_residual = grad_x;
       at.store(0, grad_x);
       at.store(1, grad_residual);
-    });
-    row.template column_sums<kColumnSums>(avo::columns<>, [&](const auto& at, float* terms) {
-      const float grad_y = at.load(1);
-      const float x = at.load(2);
-      const float residual = at.load(3);
-      const float hidden = x + residual;
-      const float term_0 = grad_y * (hidden * rrms);
       terms[0] = term_0;
     });
   }

@@ -83,18 +83,14 @@ struct BackwardMath {
     const float sum_1 = sums_0[1];
     const float rrms = F::rsqrt(sum_0 / length + eps);
     const float r0 = sum_1 * (-0.5f) * (rrms * rrms * rrms) / length;
-    row.for_each(avo::columns<2>, [&](const auto& at) {
+    row.template for_each_with_column_sums<kColumnSums>(avo::columns<2>, [&](const auto& at, float* terms) {
       const float grad_y = at.load(0);
       const float weight = at.load_col(2, 1.0f);
       const float x = at.load(1);
       const float t0 = r0 * x;
       const float grad_x = grad_y * weight * rrms + t0 + t0;
-      at.store(0, grad_x);
-    });
-    row.template column_sums<kColumnSums>(avo::columns<>, [&](const auto& at, float* terms) {
-      const float grad_y = at.load(0);
-      const float x = at.load(1);
       const float term_0 = grad_y * (x * rrms);
+      at.store(0, grad_x);
       terms[0] = term_0;
     });
   }

@@ -116,7 +116,7 @@ struct BackwardMath {
     const float r0 = sum_3 * (-0.5f) * (rstd * rstd * rstd) / length;
     const float t0 = r0 * sum_4;
     const float r1 = (-(rstd * sum_1) - t0 - t0) / length;
-    row.for_each(avo::columns<2>, [&](const auto& at) {
+    row.template for_each_with_column_sums<kColumnSums>(avo::columns<2>, [&](const auto& at, float* terms) {
       const float grad_y = at.load(0);
       const float weight = at.load_col(2, 1.0f);
       const float x = at.load(1);
@@ -126,15 +126,9 @@ struct BackwardMath {
       const float t1 = r0 * centered;
       const float t2 = grad_y * weight * rstd + t1 + t1 + r1;
       const float grad_x = t2 * t0 + t2 * x * (t0 * (1.0f - t0));
-      at.store(0, grad_x);
-    });
-    row.template column_sums<kColumnSums>(avo::columns<>, [&](const auto& at, float* terms) {
-      const float grad_y = at.load(0);
-      const float x = at.load(1);
-      const float swish = x * F::sigmoid(x);
-      const float centered = swish - mu;
       const float term_0 = grad_y * (centered * rstd);
       const float term_1 = grad_y;
+      at.store(0, grad_x);
       terms[0] = term_0;
       terms[1] = term_1;
     });

@@ -60,16 +60,17 @@ struct SerialRow : RowView<T, Args> {
   void for_each(Columns<M>, F body) const {
     for (int64_t n = 0; n < args.length; ++n) body(At{*this, n});
   }
-  // Adds this row's K per-column terms to the partial sums of its chunk (fp32, rows in
-  // order); the chunk's first row sets them (the partials start uninitialised).
+  // for_each whose body also yields the K per-column terms of its element, added to the
+  // partial sums of this row's chunk (fp32, rows in order); the chunk's first row sets
+  // them (the partials start uninitialised).
   template <int K, unsigned M, typename F>
-  void column_sums(Columns<M>, F terms_at) const {
-    if (args.partials == nullptr) return;
-    const int64_t chunk = r / args.rows_per_chunk;
-    const bool first = r % args.rows_per_chunk == 0;
+  void for_each_with_column_sums(Columns<M>, F body) const {
+    const int64_t chunk = args.partials != nullptr ? r / args.rows_per_chunk : -1;
+    const bool first = args.partials != nullptr && r % args.rows_per_chunk == 0;
     for (int64_t n = 0; n < args.length; ++n) {
       float terms[K];
-      terms_at(At{*this, n}, terms);
+      body(At{*this, n}, terms);
+      if (chunk < 0) continue;
       for (int k = 0; k < K; ++k) {
         float& partial = args.partials[(k * args.chunks + chunk) * args.length + n];
         partial = first ? terms[k] : partial + terms[k];

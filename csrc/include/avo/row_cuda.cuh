@@ -356,17 +356,22 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
     });
   }
 
+  // for_each whose body also yields the K per-column terms of its element, added to this
+  // thread's sums (when the call wants them; `columns` is then known at compile time
+  // after inlining, and otherwise the terms' arithmetic is dropped).
   template <int K, unsigned M, typename F>
-  __device__ __forceinline__ void column_sums(Columns<M>, F terms_at) const {
-    if (columns == nullptr) return;
+  __device__ __forceinline__ void for_each_with_column_sums(Columns<M>, F body) const {
     each_vector<M>([&](int i, int64_t v, const Cached* cols) {
+      Vector staged[Args::kOutputs];
       AVO_UNROLL
       for (int j = 0; j < V; ++j) {
         float terms[K];
-        terms_at(At{*this, i, j, cols, nullptr}, terms);
+        body(At{*this, i, j, cols, staged}, terms);
+        if (columns == nullptr) continue;
         AVO_UNROLL
         for (int k = 0; k < K; ++k) (*columns)[k][i][j] += terms[k];
       }
+      store_output_vectors<Math>(args, r, v, staged);
     });
   }
 
@@ -476,17 +481,20 @@ struct StagedRow : RowView<T, Args>, Reductions<StagedRow<T, Args, Math, V>> {
     });
   }
 
+  // for_each whose body also yields the K per-column terms of its element (as RegisterRow's).
   template <int K, unsigned M, typename F>
-  __device__ __forceinline__ void column_sums(Columns<M>, F terms_at) const {
-    if (columns == nullptr) return;
+  __device__ __forceinline__ void for_each_with_column_sums(Columns<M>, F body) const {
     each_vector<M>([&](int i, int64_t v, const Cached* in) {
+      Vector out[Args::kOutputs];
       AVO_UNROLL
       for (int j = 0; j < V; ++j) {
         float terms[K];
-        terms_at(At{in, j, nullptr}, terms);
+        body(At{in, j, out}, terms);
+        if (columns == nullptr) continue;
         AVO_UNROLL
         for (int k = 0; k < K; ++k) (*columns)[k][i][j] += terms[k];
       }
+      store_output_vectors<Math>(args, r, v, out);
     });
   }
 
@@ -590,21 +598,25 @@ struct GlobalRow : RowView<T, Args>, Reductions<GlobalRow<T, Args, Math, V, kClu
     });
   }
 
-  // Each thread owns the same columns in every row of the chunk: no races, fixed order.
-  // The chunk's first row sets the partials (they start uninitialised), the others add.
+  // for_each whose body also yields the K per-column terms of its element, added to the
+  // chunk's partials. Each thread owns the same columns in every row of the chunk: no
+  // races, fixed order. The chunk's first row sets the partials (they start
+  // uninitialised), the others add.
   template <int K, unsigned M, typename F>
-  __device__ __forceinline__ void column_sums(Columns<M>, F terms_at) const {
-    if (chunk < 0) return;
+  __device__ __forceinline__ void for_each_with_column_sums(Columns<M>, F body) const {
     const bool first = r == chunk * args.rows_per_chunk;
     each_vector<M>([&](int64_t v, const Cached* in) {
+      Vector out[Args::kOutputs];
       float terms[K][V];
       AVO_UNROLL
       for (int j = 0; j < V; ++j) {
         float at_j[K];
-        terms_at(At{in, j, nullptr}, at_j);
+        body(At{in, j, out}, at_j);
         AVO_UNROLL
         for (int k = 0; k < K; ++k) terms[k][j] = at_j[k];
       }
+      store_output_vectors<Math>(args, r, v, out);
+      if (chunk < 0) return;
       AVO_UNROLL
       for (int k = 0; k < K; ++k) set_or_add<V>(args.partials + (k * args.chunks + chunk) * args.length + v * V, terms[k], first);
     });
