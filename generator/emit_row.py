@@ -9,8 +9,8 @@ independent sums in one pass), `row.for_each(body)` and, for a backward with per
 outputs, `row.for_each_with_column_sums<K>(body)` (the last pass: the body stores the
 element outputs and yields the K per-column terms); each calls its lambda once per
 element with an element handle `at` (`at.load(k)`, `at.load_col(k, missing)`,
-`at.store(k, value)`). The CPU
-(avo/row_cpu.h) and the GPU (avo/row_cuda.cuh: the row held in registers) supply their own.
+`at.store(k, value)`). The CPU (avo/row_cpu.h) and the GPU (avo/row_cuda.cuh: its four
+row versions) supply their own.
 """
 from __future__ import annotations
 
@@ -304,7 +304,7 @@ class RowProgram:
         row = {o.name: self.results[o.name] for o in outputs if o.domain in ("row", "chan")}
         # A per-channel gradient is stored per row in fp32; the binding sums the batch.
         store_row = {o.name: "store_row" if o.domain == "row" else "store_row_f32" for o in outputs}
-        self.column_sums = {o.name: self.results[o.name] for o in outputs if o.domain == "col"}
+        column_sums = {o.name: self.results[o.name] for o in outputs if o.domain == "col"}
         if row:
             lines += self._hoist(list(row.values()))
             for name, node in row.items():
@@ -314,7 +314,7 @@ class RowProgram:
         # per-column output at this element (term_k, in column_output order), so that the
         # pass reads the row once for both.
         terms = {f"term_{k}": node.args[0] if node.op == "colsum" else node
-                 for k, node in enumerate(self.column_sums.values())}
+                 for k, node in enumerate(column_sums.values())}
         if elem or terms:
             roots = {**elem, **terms}
             lines += self._hoist(list(roots.values()))

@@ -10,6 +10,10 @@
 
 namespace avo {
 
+// Rows of at least this many elements are "long": their parameter gradients take fewer,
+// larger chunks (csrc/row_binding.h) and their column finish wider blocks (row_cuda.cuh).
+constexpr int64_t kLongRow = 32768;
+
 template <int NumInputs, int NumOutputs>
 struct RowArgs {
   static constexpr int kInputs = NumInputs;

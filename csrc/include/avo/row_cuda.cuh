@@ -401,11 +401,58 @@ struct VectorAt {
   __device__ __forceinline__ void store(int k, float value) const { staged_out[k].v[j] = Element<T>::from_float(value); }
 };
 
+// The passes of a row type whose vectors arrive with every input they need loaded
+// (StagedRow, GlobalRow). Row provides each_vector<M>(visit), which calls visit(slot, v,
+// in) for each of this thread's vectors (`in`: vector v of every per-element input and of
+// the per-column inputs in M), and combine_threads(value, combine) and sum_threads(values),
+// which combine per-thread values over the threads that share the row.
+template <typename Row, typename T, typename Args, typename Math, int V>
+struct LoadedVectorPasses : Reductions<Row> {
+  using At = VectorAt<T, V>;
+
+  template <unsigned M, typename Combine, typename F>
+  __device__ __forceinline__ float reduce(F term, Combine combine, float identity) const {
+    float partial = identity;
+    this->self().template each_vector<M>([&](int, int64_t, const Packed<T, V>* in) {
+      AVO_UNROLL
+      for (int j = 0; j < V; ++j) partial = combine(partial, term(At{in, j, nullptr}));
+    });
+    return this->self().combine_threads(partial, combine);
+  }
+
+  template <unsigned M, int K, typename F>
+  __device__ __forceinline__ void reduce_sums(F terms_at, float (&out)[K]) const {
+    AVO_UNROLL
+    for (int k = 0; k < K; ++k) out[k] = 0.0f;
+    this->self().template each_vector<M>([&](int, int64_t, const Packed<T, V>* in) {
+      AVO_UNROLL
+      for (int j = 0; j < V; ++j) {
+        float terms[K];
+        terms_at(At{in, j, nullptr}, terms);
+        AVO_UNROLL
+        for (int k = 0; k < K; ++k) out[k] += terms[k];
+      }
+    });
+    this->self().sum_threads(out);
+  }
+
+  template <unsigned M, typename F>
+  __device__ __forceinline__ void for_each(Columns<M>, F body) const {
+    const Row& row = this->self();
+    row.template each_vector<M>([&](int, int64_t v, const Packed<T, V>* in) {
+      Vec<T, V> out[Args::kOutputs];
+      AVO_UNROLL
+      for (int j = 0; j < V; ++j) body(At{in, j, out});
+      store_output_vectors<Math>(row.args, row.r, v, out);
+    });
+  }
+};
+
 // A row whose per-element inputs the block has copied into shared memory (see the top of
 // this file). Thread t handles the row's vectors t, t + B, ... (B threads, at most P
 // vectors each: P fixes the size of its per-column sums).
 template <typename T, typename Args, typename Math, int V>
-struct StagedRow : RowView<T, Args>, Reductions<StagedRow<T, Args, Math, V>> {
+struct StagedRow : RowView<T, Args>, LoadedVectorPasses<StagedRow<T, Args, Math, V>, T, Args, Math, V> {
   static constexpr int P = kStagedVectors;
   using RowView<T, Args>::args;
   using RowView<T, Args>::r;
@@ -445,40 +492,13 @@ struct StagedRow : RowView<T, Args>, Reductions<StagedRow<T, Args, Math, V>> {
     }
   }
 
-  template <unsigned M, typename Combine, typename F>
-  __device__ __forceinline__ float reduce(F term, Combine combine, float identity) const {
-    float partial = identity;
-    each_vector<M>([&](int, int64_t v, const Cached* in) {
-      AVO_UNROLL
-      for (int j = 0; j < V; ++j) partial = combine(partial, term(At{in, j, nullptr}));
-    });
-    return group_reduce(partial, combine, blockDim.x);
+  template <typename Combine>
+  __device__ __forceinline__ float combine_threads(float value, Combine combine) const {
+    return group_reduce(value, combine, blockDim.x);
   }
-
-  template <unsigned M, int K, typename F>
-  __device__ __forceinline__ void reduce_sums(F terms_at, float (&out)[K]) const {
-    AVO_UNROLL
-    for (int k = 0; k < K; ++k) out[k] = 0.0f;
-    each_vector<M>([&](int, int64_t v, const Cached* in) {
-      AVO_UNROLL
-      for (int j = 0; j < V; ++j) {
-        float terms[K];
-        terms_at(At{in, j, nullptr}, terms);
-        AVO_UNROLL
-        for (int k = 0; k < K; ++k) out[k] += terms[k];
-      }
-    });
-    group_sums(out, blockDim.x);
-  }
-
-  template <unsigned M, typename F>
-  __device__ __forceinline__ void for_each(Columns<M>, F body) const {
-    each_vector<M>([&](int, int64_t v, const Cached* in) {
-      Vector out[Args::kOutputs];
-      AVO_UNROLL
-      for (int j = 0; j < V; ++j) body(At{in, j, out});
-      store_output_vectors<Math>(args, r, v, out);
-    });
+  template <int K>
+  __device__ __forceinline__ void sum_threads(float (&values)[K]) const {
+    group_sums(values, blockDim.x);
   }
 
   // for_each whose body also yields the K per-column terms of its element (as RegisterRow's).
@@ -512,7 +532,7 @@ struct StagedRow : RowView<T, Args>, Reductions<StagedRow<T, Args, Math, V>> {
 // handles the row's vectors lane, lane + threads, ..., kGlobalBatch at a time, so that
 // each thread has that many loads of every input in flight before it computes.
 template <typename T, typename Args, typename Math, int V, bool kClustered>
-struct GlobalRow : RowView<T, Args>, Reductions<GlobalRow<T, Args, Math, V, kClustered>> {
+struct GlobalRow : RowView<T, Args>, LoadedVectorPasses<GlobalRow<T, Args, Math, V, kClustered>, T, Args, Math, V> {
   using RowView<T, Args>::args;
   using RowView<T, Args>::r;
   using Vector = Vec<T, V>;
@@ -529,9 +549,9 @@ struct GlobalRow : RowView<T, Args>, Reductions<GlobalRow<T, Args, Math, V, kClu
 
   using At = VectorAt<T, V>;
 
-  // Calls visit(v, in) for each of this thread's vectors, `in` holding vector v of every
-  // per-element input and of the per-column inputs in ColumnMask, all loaded from global
-  // memory kGlobalBatch vectors ahead.
+  // Calls visit(b, v, in) for each of this thread's vectors, `in` holding vector v of
+  // every per-element input and of the per-column inputs in ColumnMask, all loaded from
+  // global memory kGlobalBatch vectors ahead (b: its place in the batch).
   template <unsigned ColumnMask, typename Visit>
   __device__ __forceinline__ void each_vector(Visit visit) const {
     for (int64_t first = lane; first < vectors; first += int64_t(kGlobalBatch) * threads) {
@@ -548,54 +568,22 @@ struct GlobalRow : RowView<T, Args>, Reductions<GlobalRow<T, Args, Math, V, kClu
       AVO_UNROLL
       for (int b = 0; b < kGlobalBatch; ++b) {
         const int64_t v = first + int64_t(b) * threads;
-        if (v < vectors) visit(v, in[b]);
+        if (v < vectors) visit(b, v, in[b]);
       }
     }
   }
 
-  // Every thread's values combined over the row's threads: the block, then the cluster.
-  template <int K, typename Combine>
-  __device__ __forceinline__ void combine_threads(float (&values)[K], Combine combine) const {
-    if constexpr (K == 1) values[0] = group_reduce(values[0], combine, int(blockDim.x));
-    else group_sums(values, int(blockDim.x));
+  // Per-thread values combined over the row's threads: the block, then the cluster.
+  template <typename Combine>
+  __device__ __forceinline__ float combine_threads(float value, Combine combine) const {
+    float values[1] = {group_reduce(value, combine, int(blockDim.x))};
     if constexpr (kClustered) cluster_combine(values, combine, *exchanges);
+    return values[0];
   }
-
-  template <unsigned M, typename Combine, typename F>
-  __device__ __forceinline__ float reduce(F term, Combine combine, float identity) const {
-    float partial[1] = {identity};
-    each_vector<M>([&](int64_t, const Cached* in) {
-      AVO_UNROLL
-      for (int j = 0; j < V; ++j) partial[0] = combine(partial[0], term(At{in, j, nullptr}));
-    });
-    combine_threads(partial, combine);
-    return partial[0];
-  }
-
-  template <unsigned M, int K, typename F>
-  __device__ __forceinline__ void reduce_sums(F terms_at, float (&out)[K]) const {
-    AVO_UNROLL
-    for (int k = 0; k < K; ++k) out[k] = 0.0f;
-    each_vector<M>([&](int64_t, const Cached* in) {
-      AVO_UNROLL
-      for (int j = 0; j < V; ++j) {
-        float terms[K];
-        terms_at(At{in, j, nullptr}, terms);
-        AVO_UNROLL
-        for (int k = 0; k < K; ++k) out[k] += terms[k];
-      }
-    });
-    combine_threads(out, Plus{});
-  }
-
-  template <unsigned M, typename F>
-  __device__ __forceinline__ void for_each(Columns<M>, F body) const {
-    each_vector<M>([&](int64_t v, const Cached* in) {
-      Vector out[Args::kOutputs];
-      AVO_UNROLL
-      for (int j = 0; j < V; ++j) body(At{in, j, out});
-      store_output_vectors<Math>(args, r, v, out);
-    });
+  template <int K>
+  __device__ __forceinline__ void sum_threads(float (&values)[K]) const {
+    group_sums(values, int(blockDim.x));
+    if constexpr (kClustered) cluster_combine(values, Plus{}, *exchanges);
   }
 
   // for_each whose body also yields the K per-column terms of its element, added to the
@@ -605,7 +593,7 @@ struct GlobalRow : RowView<T, Args>, Reductions<GlobalRow<T, Args, Math, V, kClu
   template <int K, unsigned M, typename F>
   __device__ __forceinline__ void for_each_with_column_sums(Columns<M>, F body) const {
     const bool first = r == chunk * args.rows_per_chunk;
-    each_vector<M>([&](int64_t v, const Cached* in) {
+    each_vector<M>([&](int, int64_t v, const Cached* in) {
       Vector out[Args::kOutputs];
       float terms[K][V];
       AVO_UNROLL
@@ -854,7 +842,7 @@ __global__ void __launch_bounds__(kGlobalRowThreads) global_row_kernel(const Arg
 // a quarter of the copy bandwidth).
 constexpr int kFinishThreads = 1024;
 constexpr int kFinishMaxSlices = 32;
-inline int finish_columns(int64_t length) { return length >= 32768 ? 256 : kFinishThreads / kFinishMaxSlices; }
+inline int finish_columns(int64_t length) { return length >= kLongRow ? 256 : kFinishThreads / kFinishMaxSlices; }
 
 // Per-column output blockIdx.y: the partials of each column, summed over the chunks.
 // Slice s adds chunks s, s + slices, ... in order, then slice 0 adds the slices' sums in
