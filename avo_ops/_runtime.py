@@ -65,8 +65,9 @@ def row_fake(op: str, inputs: Mapping[str, tuple[torch.Tensor | None, str]], out
     """Outputs of a row op (reductions over the last dimension N): per element like the
     first per-element input, per row without its last dimension, per column [N]; an
     output nobody asked for (the gradient of a missing input) is empty. A channel op
-    ([B, C, *S]) has per-channel [C] tensors instead."""
-    present = [(name, t) for name, (t, _) in inputs.items() if t is not None]
+    ([B, C, *S]) has per-channel [C] tensors instead. Saved values (what <op>_forward
+    returns for the backward) are float32, one per row: [B, C] in a channel op."""
+    present = [(name, t) for name, (t, domain) in inputs.items() if t is not None and domain != "saved"]
     _check_same(op, present)
     ref_name, ref = next((name, t) for name, (t, domain) in inputs.items() if t is not None and domain == "elem")
     if ref.dim() < 1:
@@ -76,6 +77,7 @@ def row_fake(op: str, inputs: Mapping[str, tuple[torch.Tensor | None, str]], out
                            f"spatial...), got {list(ref.shape)}")
     length = ref.shape[-1]
     channels = ref.shape[1] if channels_first else 0
+    rows = ref.shape[:2] if channels_first else ref.shape[:-1]
     for name, (t, domain) in inputs.items():
         if t is None:
             continue
@@ -91,9 +93,24 @@ def row_fake(op: str, inputs: Mapping[str, tuple[torch.Tensor | None, str]], out
         if domain == "row" and t.shape != ref.shape[:-1]:
             raise RuntimeError(f"{op}: argument '{name}' must have the shape of '{ref_name}' without its last "
                                f"dimension, got {list(t.shape)}")
-    shapes = {"elem": ref.shape, "row": ref.shape[:-1], "col": (length,), "chan": (channels,)}
-    result = tuple(ref.new_empty(shapes[domain] if wanted else (0,)) for domain, wanted in outputs)
+        if domain == "saved":
+            _check_saved(op, name, t, ref_name, ref, rows)
+    shapes = {"elem": ref.shape, "row": ref.shape[:-1], "col": (length,), "chan": (channels,), "saved": rows}
+    result = tuple(ref.new_empty(shapes[domain] if wanted else (0,), dtype=torch.float32 if domain == "saved" else None)
+                   for domain, wanted in outputs)
     return result[0] if len(result) == 1 else result
+
+
+def _check_saved(op: str, name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor, rows) -> None:
+    """A saved value as <op>_forward returns it: float32, one per row of `ref`, on its device."""
+    forward = op.replace("_backward", "_forward")
+    if t.dtype != torch.float32 or t.shape != rows:
+        raise RuntimeError(f"{op}: argument '{name}' must be a float32 tensor of shape {list(rows)} (one value "
+                           f"per row of '{ref_name}', as {forward} returns it), got {_dtype_name(t.dtype)} "
+                           f"{list(t.shape)}")
+    if t.device != ref.device:
+        raise RuntimeError(f"{op}: argument '{name}' is on {t.device} but '{ref_name}' is on {ref.device}; "
+                           "all tensor arguments must be on one device")
 
 
 def reduce_grad(grad: torch.Tensor, like: torch.Tensor | None) -> torch.Tensor | None:

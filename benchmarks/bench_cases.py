@@ -150,7 +150,15 @@ def silu_cases() -> list[Case]:
 
 # --------------------------------------------------------------------------- row ops
 # The backward cases' make_inputs end with what torch's autograd would have saved in the
-# forward; avo ignores those tensors (it recomputes from x).
+# forward, then what avo's forward saves (avo_saved); each implementation reads its own.
+
+
+def avo_saved(op: str, outputs: int, *args) -> tuple[Tensor, ...]:
+    """The per-row fp32 values avo's <op>_forward returns after its `outputs` outputs, for
+    <op>_backward; none while avo_ops is not loaded (--no-avo), where avo never runs."""
+    if not hasattr(torch.ops, "avo") or not hasattr(torch.ops.avo, f"{op}_forward"):
+        return ()
+    return tuple(getattr(torch.ops.avo, f"{op}_forward")(*args)[outputs:])
 
 def layer_norm_stats(x: Tensor, w: Tensor, b: Tensor):
     """mean, rstd (fp32, R x 1) as F.layer_norm's autograd saves them."""
@@ -170,11 +178,11 @@ def layernorm_cases() -> list[Case]:
              eager=lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, LN_EPS),
              traffic=Traffic(1, 1, param_read=2)),
         # dy, x read, dx written; w read, dw, db written.
-        Case("layernorm", "bwd", randn_inputs(2, params=2,
-                                        extra=lambda dy, x, w, b: layer_norm_stats(x, w, b)),
-             avo=lambda dy, x, w, b, mean, rstd:
-                 torch.ops.avo.layernorm_backward(dy, x, w, b, LN_EPS),
-             eager=layer_norm_backward_eager,
+        Case("layernorm", "bwd", randn_inputs(2, params=2, extra=lambda dy, x, w, b: (
+                 *layer_norm_stats(x, w, b), *avo_saved("layernorm", 1, x, w, b, LN_EPS))),
+             avo=lambda dy, x, w, b, mean, rstd, mu, rs:
+                 torch.ops.avo.layernorm_backward(dy, mu, rs, x, w, b, LN_EPS),
+             eager=lambda dy, x, w, b, mean, rstd, *_: layer_norm_backward_eager(dy, x, w, b, mean, rstd),
              traffic=Traffic(2, 1, param_read=1, param_written=2)),
     ]
 
@@ -217,9 +225,10 @@ def rmsnorm_cases() -> list[Case]:
              eager=lambda x, w: F.rms_norm(x, (x.shape[-1],), w, RMS_EPS),
              traffic=Traffic(1, 1, param_read=1)),
         # dy, x read, dx written; w read, dw written.
-        Case("rmsnorm", "bwd", randn_inputs(2, params=1, extra=lambda dy, x, w: (rms_rstd(x, w),)),
-             avo=lambda dy, x, w, rstd: torch.ops.avo.rmsnorm_backward(dy, x, w, RMS_EPS),
-             eager=rmsnorm_backward_eager,
+        Case("rmsnorm", "bwd", randn_inputs(2, params=1, extra=lambda dy, x, w: (
+                 rms_rstd(x, w), *avo_saved("rmsnorm", 1, x, w, RMS_EPS))),
+             avo=lambda dy, x, w, rstd, rrms: torch.ops.avo.rmsnorm_backward(dy, rrms, x, w, RMS_EPS),
+             eager=lambda dy, x, w, rstd, *_: rmsnorm_backward_eager(dy, x, w, rstd),
              traffic=Traffic(2, 1, param_read=1, param_written=1)),
     ]
 
@@ -231,11 +240,11 @@ def softmax_cases(op: str, fwd: Callable, aten_bwd: Callable) -> list[Case]:
              avo=lambda x: getattr(torch.ops.avo, op)(x),
              eager=lambda x: fwd(x, -1),
              traffic=Traffic(1, 1)),
-        # avo recomputes from x, eager reads the saved output y: the same bytes either way
-        # (dy and x-or-y read, dx written).
-        Case(op, "bwd", randn_inputs(2, extra=lambda dy, x: (fwd(x, -1),)),
-             avo=lambda dy, x, y: getattr(torch.ops.avo, f"{op}_backward")(dy, x),
-             eager=lambda dy, x, y: aten_bwd(dy, y, -1, x.dtype),
+        # avo reads x and its saved row maximum and sum, eager the saved output y: the
+        # same bytes either way (dy and x-or-y read, dx written).
+        Case(op, "bwd", randn_inputs(2, extra=lambda dy, x: (fwd(x, -1), *avo_saved(op, 1, x))),
+             avo=lambda dy, x, y, row_max, total: getattr(torch.ops.avo, f"{op}_backward")(dy, row_max, total, x),
+             eager=lambda dy, x, y, *_: aten_bwd(dy, y, -1, x.dtype),
              traffic=Traffic(2, 1)),
     ]
 
@@ -243,9 +252,9 @@ def softmax_cases(op: str, fwd: Callable, aten_bwd: Callable) -> list[Case]:
 def swish_layernorm_cases() -> list[Case]:
     def saved(dy, x, w, b):  # what layer_norm(silu(x)) saves: x, s = silu(x), mean, rstd
         s = F.silu(x)
-        return (s, *layer_norm_stats(s, w, b))
+        return (s, *layer_norm_stats(s, w, b), *avo_saved("swish_layernorm", 1, x, w, b, LN_EPS))
 
-    def backward_eager(dy, x, w, b, s, mean, rstd):
+    def backward_eager(dy, x, w, b, s, mean, rstd, *_):
         ds, dw, db = layer_norm_backward_eager(dy, s, w, b, mean, rstd)
         return torch.ops.aten.silu_backward(ds, x), dw, db
 
@@ -257,8 +266,8 @@ def swish_layernorm_cases() -> list[Case]:
         # Counted as layernorm's backward: dy, x read, dx written; w read, dw, db written.
         # The eager chain also reads the saved s and writes and re-reads ds.
         Case("swish_layernorm", "bwd", randn_inputs(2, params=2, extra=saved),
-             avo=lambda dy, x, w, b, s, mean, rstd:
-                 torch.ops.avo.swish_layernorm_backward(dy, x, w, b, LN_EPS),
+             avo=lambda dy, x, w, b, s, mean, rstd, mu, rs:
+                 torch.ops.avo.swish_layernorm_backward(dy, mu, rs, x, w, b, LN_EPS),
              eager=backward_eager,
              traffic=Traffic(2, 1, param_read=1, param_written=2)),
     ]
@@ -280,18 +289,18 @@ def add_norm_cases() -> list[Case]:
 
     def add_rmsnorm_saved(gh, gy, x, r, w):
         h = x + r
-        return h, rms_rstd(h, w)
+        return h, rms_rstd(h, w), *avo_saved("add_rmsnorm", 2, x, r, w, RMS_EPS)
 
-    def add_rmsnorm_backward_eager(gh, gy, x, r, w, h, rstd):
+    def add_rmsnorm_backward_eager(gh, gy, x, r, w, h, rstd, *_):
         dh, dw = rmsnorm_backward_eager(gy, h, w, rstd)
         d = dh + gh
         return d, d, dw
 
     def add_layernorm_saved(gh, gy, x, r, w, b):
         h = x + r
-        return (h, *layer_norm_stats(h, w, b))
+        return (h, *layer_norm_stats(h, w, b), *avo_saved("add_layernorm", 2, x, r, w, b, LN_EPS))
 
-    def add_layernorm_backward_eager(gh, gy, x, r, w, b, h, mean, rstd):
+    def add_layernorm_backward_eager(gh, gy, x, r, w, b, h, mean, rstd, *_):
         dh, dw, db = layer_norm_backward_eager(gy, h, w, b, mean, rstd)
         d = dh + gh
         return d, d, dw, db
@@ -302,8 +311,8 @@ def add_norm_cases() -> list[Case]:
              eager=add_rmsnorm_eager,
              traffic=Traffic(2, 2, param_read=1)),
         Case("add_rmsnorm", "bwd", randn_inputs(4, params=1, extra=add_rmsnorm_saved),
-             avo=lambda gh, gy, x, r, w, h, rstd:
-                 torch.ops.avo.add_rmsnorm_backward(gh, gy, x, r, w, RMS_EPS),
+             avo=lambda gh, gy, x, r, w, h, rstd, rrms:
+                 torch.ops.avo.add_rmsnorm_backward(gh, gy, rrms, x, r, w, RMS_EPS),
              eager=add_rmsnorm_backward_eager,
              traffic=Traffic(4, 2, param_read=1, param_written=1)),
         Case("add_layernorm", "fwd", randn_inputs(2, params=2),
@@ -311,8 +320,8 @@ def add_norm_cases() -> list[Case]:
              eager=add_layernorm_eager,
              traffic=Traffic(2, 2, param_read=2)),
         Case("add_layernorm", "bwd", randn_inputs(4, params=2, extra=add_layernorm_saved),
-             avo=lambda gh, gy, x, r, w, b, h, mean, rstd:
-                 torch.ops.avo.add_layernorm_backward(gh, gy, x, r, w, b, LN_EPS),
+             avo=lambda gh, gy, x, r, w, b, h, mean, rstd, mu, rs:
+                 torch.ops.avo.add_layernorm_backward(gh, gy, mu, rs, x, r, w, b, LN_EPS),
              eager=add_layernorm_backward_eager,
              traffic=Traffic(4, 2, param_read=1, param_written=2)),
     ]
@@ -326,9 +335,9 @@ def channel_norm_cases() -> list[Case]:
 
     def saved(dy, x, g, b):
         _, mean, rstd = torch.ops.aten.native_group_norm(x, g, b, *group_norm_args(x), LN_EPS)
-        return mean, rstd
+        return mean, rstd, *avo_saved("channel_norm", 1, x, g, b, LN_EPS)
 
-    def backward_eager(dy, x, g, b, mean, rstd):
+    def backward_eager(dy, x, g, b, mean, rstd, *_):
         return torch.ops.aten.native_group_norm_backward(dy, x, mean, rstd, g,
                                                          *group_norm_args(x), [True, True, True])
 
@@ -339,8 +348,8 @@ def channel_norm_cases() -> list[Case]:
              traffic=Traffic(1, 1, param_read=2), layout=channel_layout, param_dim=1),
         # dy, x read, dx written; gamma read, dgamma, dbeta written.
         Case("channel_norm", "bwd", randn_inputs(2, params=2, extra=saved, param_dim=1),
-             avo=lambda dy, x, g, b, mean, rstd:
-                 torch.ops.avo.channel_norm_backward(dy, x, g, b, LN_EPS),
+             avo=lambda dy, x, g, b, mean, rstd, mu, rs:
+                 torch.ops.avo.channel_norm_backward(dy, mu, rs, x, g, b, LN_EPS),
              eager=backward_eager,
              traffic=Traffic(2, 1, param_read=1, param_written=2),
              layout=channel_layout, param_dim=1),

@@ -42,11 +42,12 @@ inline DType to_avo_dtype(const char* op, const char* arg, at::ScalarType t) {
 }
 
 // Shape of `t` as text, e.g. [8, 16].
-inline std::string shape_text(const at::Tensor& t) {
+inline std::string shape_text(at::IntArrayRef sizes) {
   std::string text = "[";
-  for (int64_t d = 0; d < t.dim(); ++d) text += (d ? ", " : "") + std::to_string(t.size(d));
+  for (size_t d = 0; d < sizes.size(); ++d) text += (d ? ", " : "") + std::to_string(sizes[d]);
   return text + "]";
 }
+inline std::string shape_text(const at::Tensor& t) { return shape_text(t.sizes()); }
 
 // Checks the given tensor arguments of `op` (each `Input` has a `name` and a `tensor`,
 // nullptr for a missing optional one): a supported dtype, one dtype and one device for
@@ -192,12 +193,16 @@ std::tuple<decltype(I, at::Tensor())...> outputs_as_tuple(std::array<at::Tensor,
   return {outputs[I]...};
 }
 
-template <size_t N>
+// The first Count outputs (every one by default), as the op returns them: a row op's
+// forward leaves out the values only <op>_forward returns.
+template <size_t Count = 0, size_t N>
 auto returned(std::array<at::Tensor, N>& outputs) {
-  if constexpr (N == 1) {
+  constexpr size_t kCount = Count == 0 ? N : Count;
+  static_assert(kCount <= N);
+  if constexpr (kCount == 1) {
     return outputs[0];
   } else {
-    return outputs_as_tuple(outputs, std::make_index_sequence<N>{});
+    return outputs_as_tuple(outputs, std::make_index_sequence<kCount>{});
   }
 }
 

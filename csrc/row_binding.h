@@ -19,8 +19,10 @@
 namespace avo::binding {
 
 // Where a tensor of a row op varies: per element [..., N], per column [N], per row [...];
-// in a channel op, per element [B, C, *S] and per channel [C].
-enum class Domain { Elem, Col, Row, Channel };
+// in a channel op, per element [B, C, *S] and per channel [C]. Saved: a per-row value the
+// forward keeps for the backward (<op>_forward returns it), float32 whatever the dtype,
+// [...] ([B, C] in a channel op).
+enum class Domain { Elem, Col, Row, Channel, Saved };
 
 struct RowInput {
   const char* name;
@@ -62,6 +64,13 @@ inline int64_t rows_per_chunk(int64_t rows, int64_t length) {
   return std::max(spread, (rows + kMaxChunks - 1) / kMaxChunks);
 }
 
+// The op that returns a backward's saved values: avo::layernorm_forward for avo::layernorm_backward.
+inline std::string forward_name(const std::string& backward) {
+  const std::string suffix = "_backward";
+  const bool named = backward.size() > suffix.size() && backward.compare(backward.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return named ? backward.substr(0, backward.size() - suffix.size()) + "_forward" : backward;
+}
+
 template <int NumInputs, int NumOutputs>
 RowCall<NumInputs, NumOutputs> prepare_rows(const char* op, const std::array<RowInput, NumInputs>& inputs,
                                             const std::array<Domain, NumOutputs>& output_domains,
@@ -70,7 +79,10 @@ RowCall<NumInputs, NumOutputs> prepare_rows(const char* op, const std::array<Row
   RowCall<NumInputs, NumOutputs> call;
   call.output_domains = output_domains;
   call.wanted = wanted;
-  const RowInput& first = check_tensor_arguments(op, inputs);
+  std::array<RowInput, NumInputs> shared_dtype = inputs;  // every argument but the saved values
+  for (RowInput& in : shared_dtype)
+    if (in.domain == Domain::Saved) in.tensor = nullptr;
+  const RowInput& first = check_tensor_arguments(op, shared_dtype);
   call.dtype = to_avo_dtype(op, first.name, first.tensor->scalar_type());
   call.device = first.tensor->device();
   const RowInput* reference = nullptr;  // the first per-element input: it defines rows and N
@@ -108,6 +120,12 @@ RowCall<NumInputs, NumOutputs> prepare_rows(const char* op, const std::array<Row
     } else if (in.domain == Domain::Col) {
       TORCH_CHECK(t.dim() == 1 && t.size(0) == length, op, ": argument '", in.name, "' must have shape [",
                   length, "] (the last dimension of '", reference->name, "'), got ", shape_text(t));
+    } else if (in.domain == Domain::Saved) {
+      TORCH_CHECK(t.scalar_type() == at::kFloat && t.sizes() == lead, op, ": argument '", in.name,
+                  "' must be a float32 tensor of shape ", shape_text(lead), " (one value per row of '", reference->name,
+                  "', as ", forward_name(op), " returns it), got ", dtype_name(t.scalar_type()), " ", shape_text(t));
+      TORCH_CHECK(t.device() == x.device(), op, ": argument '", in.name, "' is on ", t.device(), " but '",
+                  reference->name, "' is on ", x.device(), "; all tensor arguments must be on one device");
     } else {
       TORCH_CHECK(t.sizes() == lead, op, ": argument '", in.name, "' must have the shape of '", reference->name,
                   "' without its last dimension, got ", shape_text(t));
@@ -117,8 +135,8 @@ RowCall<NumInputs, NumOutputs> prepare_rows(const char* op, const std::array<Row
   }
   const auto options = x.options();
   for (int k = 0; k < NumOutputs; ++k) {
-    if (!wanted[k]) {
-      call.outputs[k] = at::empty({0}, options);
+    if (!wanted[k]) {  // the gradient of a missing input: an empty tensor; a saved value: none
+      if (output_domains[k] != Domain::Saved) call.outputs[k] = at::empty({0}, options);
       call.args.outputs[k] = nullptr;
       continue;
     }
@@ -126,7 +144,8 @@ RowCall<NumInputs, NumOutputs> prepare_rows(const char* op, const std::array<Row
     if (output_domains[k] == Domain::Row) call.outputs[k] = at::empty(lead, options);
     if (output_domains[k] == Domain::Col) call.outputs[k] = at::empty({length}, options);
     // Per-channel results are first one fp32 value per row; finish_channel_outputs sums the batch.
-    if (output_domains[k] == Domain::Channel) call.outputs[k] = at::empty(lead, options.dtype(at::kFloat));
+    if (output_domains[k] == Domain::Channel || output_domains[k] == Domain::Saved)
+      call.outputs[k] = at::empty(lead, options.dtype(at::kFloat));
     call.args.outputs[k] = call.outputs[k].data_ptr();
   }
   int64_t rows = 1;

@@ -8,8 +8,8 @@ attributes and one incoming gradient `grad_<output>` per output. The result is a
 from __future__ import annotations
 
 from .errors import SpecError
-from .ir import (Graph, Node, base_env, colsum, const, lower_forward, lower_gradient_override, make,
-                 reduce, reduced_dim, shape_domain, tensor, topological_order)
+from .ir import (REDUCTION_OPS, Graph, Node, base_env, colsum, const, lower_forward, lower_gradient_override,
+                 make, reduce, reduced_dim, shape_domain, tensor, topological_order, with_args)
 from .model import OpSpec
 
 TWO_OVER_SQRT_PI = 1.1283791670955126
@@ -137,6 +137,52 @@ def lower_backward(spec: OpSpec, specialization: dict[str, str]) -> Graph:
     results = {grad_name(name): node for name, node in grads.items()}
     names = dict(forward.names)
     return Graph(spec, specialization, results, names)
+
+
+def saved_row_values(forward: Graph, backward: Graph) -> tuple[Graph, dict[str, Node]]:
+    """The per-row values of the forward (its reductions and what it computes from them,
+    such as layernorm's mu and rstd) that the backward uses, and the backward reading
+    them as inputs instead of computing them again: the forward stores them (fp32, one
+    value per row each) and the backward loads them, so its passes over the row are only
+    those of its own sums. Each is named as in the spec where the spec names it
+    (`saved_<k>` otherwise), in the order the forward computes them.
+
+    The largest such values are taken, so that layernorm saves rstd, not the sum of
+    squares inside it."""
+    order = topological_order(forward.results.values())
+    reduces: dict[int, bool] = {}
+    for node in order:
+        reduces[id(node)] = node.op in REDUCTION_OPS or any(reduces[id(a)] for a in node.args)
+    computed = {id(n): n for n in order if n.domain == "row" and reduces[id(n)]}
+    used: set[int] = set()
+    seen: set[int] = set()
+    stack = list(backward.results.values())
+    while stack:  # down from the gradients, stopping at the first per-row forward value
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if id(node) in computed:
+            used.add(id(node))
+        else:
+            stack.extend(node.args)
+    saved: dict[str, Node] = {}
+    for node in order:
+        if id(node) in used:
+            saved[forward.names.get(node) or f"saved_{len(saved)}"] = node
+    leaves = {id(node): tensor(name, "row") for name, node in saved.items()}
+    memo: dict[int, Node] = {}
+
+    def substitute(node: Node) -> Node:
+        done = memo.get(id(node))
+        if done is None:
+            done = leaves.get(id(node)) or with_args(node, tuple(substitute(a) for a in node.args))
+            memo[id(node)] = done
+        return done
+
+    results = {name: substitute(node) for name, node in backward.results.items()}
+    names = {substitute(node): name for node, name in backward.names.items()}  # x - mu is still `centered`
+    return Graph(backward.spec, backward.specialization, results, names, backward.bindings), saved
 
 
 def check_differentiable(spec: OpSpec, graph: Graph) -> None:

@@ -16,16 +16,16 @@ from .schedule import MapKernel, OpSchedule
 _SAVED_READ = {"float": "toDouble()", "int": "toInt()", "bool": "toBool()", "str": "toStringRef()"}
 
 
-def _signature(kernel: MapKernel) -> str:
+def _signature(kernel: MapKernel, saving: bool = False) -> str:
     """The C++ function type of the op, for Dispatcher::typed."""
     params = [f"const std::optional<at::Tensor>&" if i.optional else "const at::Tensor&" for i in kernel.inputs]
     params += [CPP_ARG_TYPES[a.type] for a in kernel.op.attrs]
-    return f"{_return_type(kernel)}({', '.join(params)})"
+    return f"{_return_type(kernel, saving)}({', '.join(params)})"
 
 
-def _op_handle(kernel: MapKernel) -> str:
-    return (f'c10::Dispatcher::singleton().findSchemaOrThrow("{kernel.qualified_name}", "")'
-            f".typed<{_signature(kernel)}>()")
+def _op_handle(kernel: MapKernel, saving: bool = False) -> str:
+    return (f'c10::Dispatcher::singleton().findSchemaOrThrow("{kernel.namespace}::{kernel.op_name(saving)}", "")'
+            f".typed<{_signature(kernel, saving)}>()")
 
 
 def _function(s: OpSchedule) -> list[str]:
@@ -33,10 +33,17 @@ def _function(s: OpSchedule) -> list[str]:
     inputs, attrs = spec.inputs, spec.attrs
     forward_params = ", ".join(["torch::autograd::AutogradContext* ctx", _cpp_params(fwd)])
     arg_names = ", ".join([i.name for i in fwd.inputs] + [a.name for a in attrs])
-    outputs = len(fwd.outputs)
-    result = "forward_op().call(" + arg_names + ")"
-    returned = f"{{{result}}}" if outputs == 1 else f"avo::autograd::as_list({result})"
-    saved = ", ".join(f"{i.name}.value_or(at::Tensor())" if i.optional else i.name for i in inputs)
+    outputs = len(spec.outputs)
+    saved_values = s.saved
+    saved = ", ".join([f"{i.name}.value_or(at::Tensor())" if i.optional else i.name for i in inputs]
+                      + [f"std::get<{outputs + k}>(results)" for k in range(len(saved_values))])
+    if saved_values:  # run <op>_forward: the outputs, then the per-row values the backward reads
+        run = [f"    const auto results = forward_saving_op().call({arg_names});"]
+        returned = "{" + ", ".join(f"std::get<{k}>(results)" for k in range(outputs)) + "}"
+    else:
+        result = "forward_op().call(" + arg_names + ")"
+        run = []
+        returned = f"{{{result}}}" if outputs == 1 else f"avo::autograd::as_list({result})"
     lines = [f"// {spec.path}",
              f"namespace {spec.name} {{", "",
              "// The op and its backward, called below autograd (each handle looked up once).",
@@ -44,6 +51,10 @@ def _function(s: OpSchedule) -> list[str]:
              f"  static const auto op = {_op_handle(fwd)};",
              "  return op;",
              "}", "",
+             *([f"const auto& forward_saving_op() {{",
+                f"  static const auto op = {_op_handle(fwd, saving=True)};",
+                "  return op;",
+                "}", ""] if saved_values else []),
              f"const auto& backward_op() {{",
              f"  static const auto op = {_op_handle(bwd)};",
              "  return op;",
@@ -52,6 +63,7 @@ def _function(s: OpSchedule) -> list[str]:
              " public:",
              f"  static torch::autograd::variable_list forward({forward_params}) {{",
              "    at::AutoDispatchBelowADInplaceOrView below_autograd;",
+             *run,
              f"    ctx->save_for_backward({{{saved}}});"]
     lines += [f'    ctx->saved_data["{a.name}"] = {"std::string(" + a.name + ")" if a.type == "str" else a.name};'
               for a in attrs]
@@ -60,6 +72,7 @@ def _function(s: OpSchedule) -> list[str]:
               "                                                 torch::autograd::variable_list grads) {",
               "    const torch::autograd::variable_list saved = ctx->get_saved_variables();"]
     call = [f"grads[{k}]" for k in range(outputs)]
+    call += [f"saved[{len(inputs) + k}]" for k in range(len(saved_values))]
     call += [f"avo::autograd::present(saved[{k}])" if i.optional else f"saved[{k}]" for k, i in enumerate(inputs)]
     call += [f'ctx->saved_data["{a.name}"].{_SAVED_READ[a.type]}' for a in attrs]
     gradients = f"backward_op().call({', '.join(call)})"
@@ -92,8 +105,18 @@ def _function(s: OpSchedule) -> list[str]:
               f"              \"{fwd.qualified_name} has first derivatives only (no double backward, no create_graph=True)\");",
               "  at::AutoDispatchBelowADInplaceOrView below_autograd;",
               f"  return backward_op().call({backward_args});",
-              "}", "",
-              f"}}  // namespace {spec.name}", ""]
+              "}", ""]
+    if saved_values:
+        saving_name = f"{fwd.namespace}::{fwd.op_name(saving=True)}"
+        lines += ["// Likewise the forward that returns the saved values: the autograd kernel above calls it",
+                  "// below autograd; differentiable calls go through the op itself.",
+                  f"{_return_type(fwd, saving=True)} forward_saving_autograd_kernel({_cpp_params(fwd)}) {{",
+                  f"  TORCH_CHECK(!avo::autograd::needs_grad({tensors}), \"{saving_name} is not differentiable: \"",
+                  f"              \"call {fwd.qualified_name}, whose gradient is defined\");",
+                  "  at::AutoDispatchBelowADInplaceOrView below_autograd;",
+                  f"  return forward_saving_op().call({arg_names});",
+                  "}", ""]
+    lines += [f"}}  // namespace {spec.name}", ""]
     return lines
 
 
@@ -133,7 +156,10 @@ def emit_autograd(schedules: list[OpSchedule], namespace: str = "avo") -> str:
     lines += [f"}}  // namespace avo::autograd", "",
               f"TORCH_LIBRARY_IMPL({namespace}, Autograd, m) {{"]
     for s in schedules:
-        lines += [f'  m.impl("{s.spec.name}", &avo::autograd::{s.spec.name}::autograd_kernel);',
-                  f'  m.impl("{s.backward.registered_name}", &avo::autograd::{s.spec.name}::backward_autograd_kernel);']
+        lines.append(f'  m.impl("{s.spec.name}", &avo::autograd::{s.spec.name}::autograd_kernel);')
+        if s.saved:
+            lines.append(f'  m.impl("{s.forward.op_name(saving=True)}", '
+                         f'&avo::autograd::{s.spec.name}::forward_saving_autograd_kernel);')
+        lines.append(f'  m.impl("{s.backward.registered_name}", &avo::autograd::{s.spec.name}::backward_autograd_kernel);')
     lines += ["}", ""]
     return "\n".join(lines)

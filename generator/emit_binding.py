@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .emit_kernels import enum_name, header_comment
 from .model import Attr
-from .schedule import MapKernel, OpSchedule, channels_first
+from .schedule import MapKernel, OpSchedule, channels_first, returned_outputs
 
 SCHEMA_TYPES = {"float": "float", "int": "int", "bool": "bool", "str": "str"}
 CPP_ARG_TYPES = {"float": "double", "int": "int64_t", "bool": "bool", "str": "c10::string_view"}
@@ -23,12 +23,14 @@ def _attr_schema(a: Attr) -> str:
     return text + (f"={schema_default(a)}" if a.default is not None else "")
 
 
-def schema(kernel: MapKernel) -> str:
-    """The op schema, e.g. `gelu(Tensor x, str approximate="none") -> Tensor`."""
+def schema(kernel: MapKernel, saving: bool = False) -> str:
+    """The op schema, e.g. `gelu(Tensor x, str approximate="none") -> Tensor`; with
+    `saving`, that of the forward that also returns the saved values (<op>_forward)."""
     args = [f"Tensor? {i.name}=None" if i.optional else f"Tensor {i.name}" for i in kernel.inputs]
     args += [_attr_schema(a) for a in kernel.op.attrs]
-    returns = "Tensor" if len(kernel.outputs) == 1 else "(" + ", ".join(["Tensor"] * len(kernel.outputs)) + ")"
-    return f"{kernel.registered_name}({', '.join(args)}) -> {returns}"
+    count = len(returned_outputs(kernel, saving))
+    returns = "Tensor" if count == 1 else "(" + ", ".join(["Tensor"] * count) + ")"
+    return f"{kernel.op_name(saving)}({', '.join(args)}) -> {returns}"
 
 
 def _cpp_params(kernel: MapKernel) -> str:
@@ -38,10 +40,15 @@ def _cpp_params(kernel: MapKernel) -> str:
     return ", ".join(params)
 
 
-def _return_type(kernel: MapKernel) -> str:
-    if len(kernel.outputs) == 1:
+def _return_type(kernel: MapKernel, saving: bool = False) -> str:
+    count = len(returned_outputs(kernel, saving))
+    if count == 1:
         return "at::Tensor"
-    return "std::tuple<" + ", ".join(["at::Tensor"] * len(kernel.outputs)) + ">"
+    return "std::tuple<" + ", ".join(["at::Tensor"] * count) + ">"
+
+
+def impl_name(kernel, device: str, saving: bool = False) -> str:
+    return f"{kernel.role}{'_saving' if saving else ''}_{device}_impl"
 
 
 def _launch_args(kernel: MapKernel) -> str:
@@ -51,9 +58,9 @@ def _launch_args(kernel: MapKernel) -> str:
     return ", ".join(args)
 
 
-def _impl_start(kernel, device: str) -> list[str]:
+def _impl_start(kernel, device: str, saving: bool = False) -> list[str]:
     """The implementation's signature, then its string attributes parsed into enums."""
-    lines = [f"{_return_type(kernel)} {kernel.role}_{device}_impl({_cpp_params(kernel)}) {{"]
+    lines = [f"{_return_type(kernel, saving)} {impl_name(kernel, device, saving)}({_cpp_params(kernel)}) {{"]
     for a in kernel.op.attrs:
         if a.type == "str":
             lines.append(f'  const {enum_name(a.name)} {a.name}_choice = parse_{a.name}("{kernel.qualified_name}", {a.name});')
@@ -118,18 +125,22 @@ def emit_binding(s: OpSchedule) -> str:
         if a.type == "str":
             lines += _parser(a)
 
-    def impl(kernel, device):
-        return _row_impl(kernel, device, s.forward.inputs) if s.pattern == "row" else _map_impl(kernel, device)
+    registered = s.registrations
 
-    for kernel in kernels:
-        lines += impl(kernel, "cpu")
+    def impl(kernel, device, saving):
+        if s.pattern == "row":
+            return _row_impl(kernel, device, s.forward.inputs, saving)
+        return _map_impl(kernel, device)
+
+    for kernel, saving in registered:
+        lines += impl(kernel, "cpu", saving)
     lines.append("#if defined(AVO_WITH_CUDA)")
-    for kernel in kernels:
-        lines += impl(kernel, "cuda")
+    for kernel, saving in registered:
+        lines += impl(kernel, "cuda", saving)
     lines += ["#endif", "", "}  // namespace", "", f"TORCH_LIBRARY_IMPL({s.namespace}, CPU, m) {{"]
-    lines += [f'  m.impl("{k.registered_name}", &{k.role}_cpu_impl);' for k in kernels]
+    lines += [f'  m.impl("{k.op_name(saving)}", &{impl_name(k, "cpu", saving)});' for k, saving in registered]
     lines += ["}", "", "#if defined(AVO_WITH_CUDA)", f"TORCH_LIBRARY_IMPL({s.namespace}, CUDA, m) {{"]
-    lines += [f'  m.impl("{k.registered_name}", &{k.role}_cuda_impl);' for k in kernels]
+    lines += [f'  m.impl("{k.op_name(saving)}", &{impl_name(k, "cuda", saving)});' for k, saving in registered]
     lines += ["}", "#endif", "", f"}}  // namespace avo::ops::{spec.name}", ""]
     return "\n".join(lines)
 
@@ -140,8 +151,8 @@ def emit_registration(schedules: list[OpSchedule], namespace: str = "avo") -> st
              f"TORCH_LIBRARY({namespace}, m) {{"]
     for s in schedules:
         lines.append(f"  // {s.spec.path}")
-        for kernel in (s.forward, s.backward):
-            text = schema(kernel).replace('"', '\\"')
+        for kernel, saving in s.registrations:
+            text = schema(kernel, saving).replace('"', '\\"')
             lines.append(f'  m.def("{text}", {{at::Tag::pt2_compliant_tag}});')
     lines += ["}", ""]
     return "\n".join(lines)
@@ -152,18 +163,19 @@ def emit_registration(schedules: list[OpSchedule], namespace: str = "avo") -> st
 # ---------------------------------------------------------------------------------
 
 DOMAIN_ENUM = {"elem": "avo::binding::Domain::Elem", "col": "avo::binding::Domain::Col",
-               "row": "avo::binding::Domain::Row", "chan": "avo::binding::Domain::Channel"}
+               "row": "avo::binding::Domain::Row", "chan": "avo::binding::Domain::Channel",
+               "saved": "avo::binding::Domain::Saved"}
 
 
-def _row_impl(kernel, device: str, spec_inputs) -> list[str]:
-    op = kernel.qualified_name
-    lines = _impl_start(kernel, device)
+def _row_impl(kernel, device: str, spec_inputs, saving: bool = False) -> list[str]:
+    op = f"{kernel.namespace}::{kernel.op_name(saving)}"
+    lines = _impl_start(kernel, device, saving)
     named = ", ".join(
         (f'{{"{i.name}", {i.name}.has_value() ? &*{i.name} : nullptr, {DOMAIN_ENUM[i.domain]}}}' if i.optional
          else f'{{"{i.name}", &{i.name}, {DOMAIN_ENUM[i.domain]}}}') for i in kernel.inputs)
     domains = ", ".join(DOMAIN_ENUM[o.domain] for o in kernel.outputs)
-    if kernel.role == "forward":
-        wanted = ", ".join("true" for _ in kernel.outputs)
+    if kernel.role == "forward":  # the saved values only for <op>_forward
+        wanted = ", ".join("true" if saving or o.domain != "saved" else "false" for o in kernel.outputs)
     else:  # the gradient of a missing optional input is not computed
         wanted = ", ".join(f"{i.name}.has_value()" if i.optional else "true" for i in spec_inputs)
     n_in, n_out = len(kernel.inputs), len(kernel.outputs)
@@ -185,5 +197,7 @@ def _row_impl(kernel, device: str, spec_inputs) -> list[str]:
         lines += _cuda_launch(kernel, "args", extra)
     if any(o.domain == "chan" for o in kernel.outputs):
         lines.append(f"  avo::binding::finish_channel_outputs(call, {kernel.inputs[0].name}.scalar_type());")
-    lines += ["  return avo::binding::returned(call.outputs);", "}", ""]
+    count = len(returned_outputs(kernel, saving))
+    returned = "returned" if count == len(kernel.outputs) else f"returned<{count}>"
+    lines += [f"  return avo::binding::{returned}(call.outputs);", "}", ""]
     return lines

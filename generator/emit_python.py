@@ -7,7 +7,7 @@ import textwrap
 
 from .emit_kernels import header_comment
 from .model import Attr
-from .schedule import MapKernel, OpSchedule, RowKernel, _camel, channels_first
+from .schedule import MapKernel, OpSchedule, RowKernel, _camel, channels_first, returned_outputs
 
 PY_TYPES = {"float": "float", "int": "int", "bool": "bool", "str": "str"}
 
@@ -31,16 +31,16 @@ def _params(kernel: MapKernel, annotate: bool) -> str:
     return ", ".join(out)
 
 
-def _fake(kernel: MapKernel) -> list[str]:
-    op = kernel.qualified_name
-    lines = [f'@torch.library.register_fake("{op}")', f"def _{kernel.registered_name}_fake({_params(kernel, False)}):"]
+def _fake(kernel: MapKernel, saving: bool = False) -> list[str]:
+    op = f"{kernel.namespace}::{kernel.op_name(saving)}"
+    lines = [f'@torch.library.register_fake("{op}")', f"def _{kernel.op_name(saving)}_fake({_params(kernel, False)}):"]
     for a in kernel.op.attrs:
         if a.type == "str":
             lines.append(f'    _runtime.check_choice("{op}", "{a.name}", {a.name}, {a.choices!r})')
     if isinstance(kernel, RowKernel):
         named = ", ".join(f'"{i.name}": ({i.name}, "{i.domain}")' for i in kernel.inputs)
         if kernel.role == "forward":
-            outputs = ", ".join(f'("{o.domain}", True)' for o in kernel.outputs)
+            outputs = ", ".join(f'("{o.domain}", True)' for o in returned_outputs(kernel, saving))
         else:  # no gradient for a missing optional input
             outputs = ", ".join(f'("{o.domain}", {i.name} is not None)' if i.optional else f'("{o.domain}", True)'
                                 for o, i in zip(kernel.outputs, kernel.op.inputs))
@@ -63,16 +63,13 @@ def emit_python(s: OpSchedule) -> str:
     lines = [header_comment(spec.path, "#").rstrip("\n"), f'"""The generated glue of {ns}::{name} (see {spec.path})."""',
              "from __future__ import annotations", "", "import torch", "", "from avo_ops import _runtime", "",
              f'__all__ = ["{name}", "{cls}"]', "", ""]
-    lines += _fake(fwd) + _fake(bwd)
+    lines += [line for kernel, saving in s.registrations for line in _fake(kernel, saving)]
 
     all_inputs = ", ".join(tensor_names + attr_names)
-    lines += ["def _setup_context(ctx, inputs, output):",
-              f"    {all_inputs}{',' if len(tensor_names + attr_names) == 1 else ''} = inputs",
-              f"    ctx.save_for_backward({', '.join(tensor_names)})"]
-    lines += [f"    ctx.{a} = {a}" for a in attr_names]
-    lines += ["", "", f"def _backward(ctx, {', '.join(grad_outputs)}):",
-              f"    {', '.join(tensor_names)}{',' if len(tensor_names) == 1 else ''} = ctx.saved_tensors"]
-    call_args = ", ".join(grad_outputs + tensor_names + [f"ctx.{a}" for a in attr_names])
+    saved = list(s.saved)
+    lines += [f"def _backward(ctx, {', '.join(grad_outputs)}):",
+              f"    {', '.join(tensor_names + saved)}{',' if len(tensor_names + saved) == 1 else ''} = ctx.saved_tensors"]
+    call_args = ", ".join(grad_outputs + saved + tensor_names + [f"ctx.{a}" for a in attr_names])
     grads = [f"grad_{n}" for n in tensor_names]
     lines.append(f"    {', '.join(grads)} = torch.ops.{ns}.{bwd.registered_name}({call_args})")
     returned = [f"_runtime.reduce_grad(grad_{n}, {n})" for n in tensor_names] + ["None"] * len(attr_names)
@@ -82,10 +79,23 @@ def emit_python(s: OpSchedule) -> str:
     # csrc/generated/autograd.cpp); the class is for code that composes autograd.Functions.
     lines += [f"class {cls}(torch.autograd.Function):",
               f'    """autograd.Function of {ns}::{name}, with the same forward and backward as the op\'s',
-              f'    own autograd kernel (torch.ops.{ns}.{name} is differentiable without it)."""', "",
-              "    @staticmethod", f"    def forward({_params(fwd, False)}):",
-              f"        return torch.ops.{ns}.{name}({all_inputs})", "",
-              "    setup_context = staticmethod(_setup_context)", "    backward = staticmethod(_backward)", "", ""]
+              f'    own autograd kernel (torch.ops.{ns}.{name} is differentiable without it)."""', ""]
+    outputs = [o.name for o in spec.outputs]
+    if saved:  # the forward saves values that only <op>_forward returns: a forward with ctx
+        lines += ["    @staticmethod", f"    def forward(ctx, {_params(fwd, False)}):",
+                  f"        {', '.join(outputs + saved)} = torch.ops.{ns}.{fwd.op_name(saving=True)}({all_inputs})",
+                  f"        ctx.save_for_backward({', '.join(tensor_names + saved)})"]
+        lines += [f"        ctx.{a} = {a}" for a in attr_names]
+        lines += [f"        return {', '.join(outputs)}", ""]
+    else:
+        lines += ["    @staticmethod", f"    def forward({_params(fwd, False)}):",
+                  f"        return torch.ops.{ns}.{name}({all_inputs})", "",
+                  "    @staticmethod", "    def setup_context(ctx, inputs, output):",
+                  f"        {all_inputs}{',' if len(tensor_names + attr_names) == 1 else ''} = inputs",
+                  f"        ctx.save_for_backward({', '.join(tensor_names)})"]
+        lines += [f"        ctx.{a} = {a}" for a in attr_names]
+        lines.append("")
+    lines += ["    backward = staticmethod(_backward)", "", ""]
 
     ret = "torch.Tensor" if len(spec.outputs) == 1 else "tuple[" + ", ".join(["torch.Tensor"] * len(spec.outputs)) + "]"
     doc = textwrap.wrap(spec.doc, 88)

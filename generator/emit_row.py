@@ -18,20 +18,11 @@ import textwrap
 
 from .emit_c import StatementPrinter, float_literal
 from .emit_kernels import bitmask, entry_points, enum_name, header_comment, launcher_params
-from .ir import REDUCTION_OPS, Graph, Node, const, make, reduce, topological_order
+from .ir import REDUCTION_OPS, Graph, Node, const, make, reduce, topological_order, with_args
 from .schedule import OpSchedule, RowKernel, Specialization
 from .tuning import DTYPES as TUNING_DTYPES, TABLES as TUNING_TABLES, ArchTuning
 
 REDUCE_CALL = {"rsum": "sum", "rmax": "max", "rmin": "min"}
-
-
-def with_args(node: Node, args: tuple[Node, ...]) -> Node:
-    """`node` with new arguments (the node itself when they are the same)."""
-    if all(a is b for a, b in zip(args, node.args)):
-        return node
-    if node.op in REDUCTION_OPS or node.op == "colsum":
-        return Node.make(node.op, args, value=node.value)
-    return make(node.op, *args)
 
 
 def rewrite_node(node: Node, step, memo: dict[int, Node]) -> Node:
@@ -217,7 +208,7 @@ class RowProgram:
         """Declarations of the per-element and per-column inputs these nodes read."""
         lines, seen = [], set()
         for node in nodes:
-            if node.op != "input" or node.value in seen or self.domains[node.value] in ("row", "chan"):
+            if node.op != "input" or node.value in seen or self.domains[node.value] in ("row", "chan", "saved"):
                 continue
             seen.add(node.value)
             k = self.input_index[node.value]
@@ -286,6 +277,9 @@ class RowProgram:
                 load = "load_row" if i.domain == "row" else "load_channel"
                 lines.append(f"const float {i.name} = row.{load}({k}, {float_literal(i.default or 0.0)});")
                 self.known[id(leaves[i.name])] = i.name
+            elif i.domain == "saved" and i.name in leaves:  # computed by the forward
+                lines.append(f"const float {i.name} = row.load_saved({k});")
+                self.known[id(leaves[i.name])] = i.name
         for stage in self.levels():
             lines += self._hoist([r.args[0] for r in stage])
             sums = [r for r in stage if r.op == "rsum"]
@@ -301,8 +295,9 @@ class RowProgram:
                 self.known[id(r)] = name
         outputs = list(self.kernel.outputs)
         elem = {o.name: self.results[o.name] for o in outputs if o.domain == "elem"}
-        row = {o.name: self.results[o.name] for o in outputs if o.domain in ("row", "chan")}
-        # A per-channel gradient is stored per row in fp32; the binding sums the batch.
+        row = {o.name: self.results[o.name] for o in outputs if o.domain in ("row", "chan", "saved")}
+        # A per-channel gradient is stored per row in fp32 (the binding sums the batch), and
+        # so is a value saved for the backward (when the call asked for it).
         store_row = {o.name: "store_row" if o.domain == "row" else "store_row_f32" for o in outputs}
         column_sums = {o.name: self.results[o.name] for o in outputs if o.domain == "col"}
         if row:
@@ -369,7 +364,7 @@ def _describe(kernel: RowKernel) -> str:
     return f"{ins}; {outs}"
 
 
-_WORD = {"elem": "element", "col": "column", "row": "row", "chan": "channel"}
+_WORD = {"elem": "element", "col": "column", "row": "row", "chan": "channel", "saved": "row, fp32, saved by the forward"}
 
 
 def emit_row_header(s: OpSchedule) -> str:

@@ -222,6 +222,15 @@ def reduce(op: str, arg: Node, dimension: str) -> Node:
     return Node.make(op, (arg,), value=dimension)
 
 
+def with_args(node: Node, args: tuple[Node, ...]) -> Node:
+    """`node` with new arguments (the node itself when they are the same)."""
+    if all(a is b for a, b in zip(args, node.args)):
+        return node
+    if node.op in REDUCTION_OPS or node.op == "colsum":
+        return Node.make(node.op, args, value=node.value)
+    return make(node.op, *args)
+
+
 def colsum(arg: Node) -> Node:
     """The sum over all rows of `arg` (gradients of per-column parameters)."""
     return Node.make("colsum", (arg,))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from .autodiff import grad_name, lower_backward
+from .autodiff import grad_name, lower_backward, saved_row_values
 from .errors import SpecError
 from .ir import Graph, is_channel_op, lower_forward, named_dims, shape_domain
 from .model import ELLIPSIS, OpSpec
@@ -30,13 +30,13 @@ class KernelInput:
     name: str
     optional: bool
     default: float | None
-    domain: str = "elem"  # elem, col or row (see ir.py)
+    domain: str = "elem"  # elem, col, row or chan (see kernel_domain), or saved
 
 
 @dataclass(frozen=True)
 class KernelOutput:
     name: str
-    domain: str
+    domain: str  # as KernelInput's; "saved": a per-row fp32 value the backward reads
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,10 @@ class KernelNames:
     @property
     def qualified_name(self) -> str:
         return f"{self.namespace}::{self.registered_name}"
+
+    def op_name(self, saving: bool = False) -> str:
+        """registered_name, or with `saving` the name of the saving forward (row ops)."""
+        return f"{self.op.name}_forward" if saving else self.registered_name
 
     @property
     def args_type(self) -> str:
@@ -109,6 +113,19 @@ class RowKernel(KernelNames):
     def column_outputs(self) -> tuple[int, ...]:
         return tuple(k for k, o in enumerate(self.outputs) if o.domain == "col")
 
+    @property
+    def saved(self) -> tuple[str, ...]:
+        """A forward's per-row values for its backward (its outputs of domain "saved", last)."""
+        return tuple(o.name for o in self.outputs if o.domain == "saved")
+
+
+def returned_outputs(kernel: "MapKernel | RowKernel", saving: bool = False) -> tuple:
+    """The outputs a registered op of `kernel` returns: every one for the saving forward
+    (<op>_forward), else all but the saved values."""
+    if saving or not isinstance(kernel, RowKernel):
+        return kernel.outputs
+    return tuple(o for o in kernel.outputs if o.domain != "saved")
+
 
 @dataclass(frozen=True)
 class OpSchedule:
@@ -121,6 +138,17 @@ class OpSchedule:
     @property
     def namespace(self) -> str:
         return self.forward.namespace
+
+    @property
+    def saved(self) -> tuple[str, ...]:
+        """The per-row values the forward saves for the backward (row ops; none for maps)."""
+        return self.forward.saved if isinstance(self.forward, RowKernel) else ()
+
+    @property
+    def registrations(self) -> list[tuple["MapKernel | RowKernel", bool]]:
+        """(kernel, saving) of each registered op: the op, its saving forward (<op>_forward)
+        where the forward saves values, the backward."""
+        return [(self.forward, False)] + ([(self.forward, True)] if self.saved else []) + [(self.backward, False)]
 
 
 def _camel(name: str) -> str:
@@ -209,14 +237,34 @@ def _schedule_rows(spec: OpSpec, namespace: str, variants) -> OpSchedule:
                 raise SpecError(o.where, f"output '{o.name}' has shape [...] (one value per row) but its math "
                                          "varies along the reduced dimension; reduce it or give it that dimension")
     backward_graphs = tuple((s, lower_backward(spec, s.as_dict)) for s in variants)
+    forward_graphs, backward_graphs, saved = _save_row_values(forward_graphs, backward_graphs)
     scalars = tuple((a.name, CPP_SCALAR_TYPES[a.type]) for a in spec.attrs if a.type != "str")
     inputs = tuple(KernelInput(i.name, i.optional, i.default, kernel_domain(spec, i.shape)) for i in spec.inputs)
     outputs = tuple(KernelOutput(o.name, kernel_domain(spec, o.shape)) for o in spec.outputs)
-    forward = RowKernel(spec, "forward", inputs, outputs, scalars, forward_graphs, namespace)
+    saved_outputs = tuple(KernelOutput(name, "saved") for name in saved)
+    forward = RowKernel(spec, "forward", inputs, outputs + saved_outputs, scalars, forward_graphs, namespace)
     grad_inputs = tuple(KernelInput(grad_name(o.name), False, None, o.domain) for o in outputs)
+    saved_inputs = tuple(KernelInput(name, False, None, "saved") for name in saved)
     grad_outputs = tuple(KernelOutput(grad_name(i.name), i.domain) for i in inputs)
-    backward = RowKernel(spec, "backward", grad_inputs + inputs, grad_outputs, scalars, backward_graphs, namespace)
+    # The saved values come before the inputs, whose optional ones (with their defaults) end the list.
+    backward = RowKernel(spec, "backward", grad_inputs + saved_inputs + inputs, grad_outputs, scalars, backward_graphs,
+                         namespace)
     return OpSchedule(spec, "row", variants, forward, backward)
+
+
+def _save_row_values(forward_graphs, backward_graphs):
+    """The graphs of a row op after saved_row_values: the forward also yields the per-row
+    values its backward reads, the backward reads them as inputs. The kernels of every
+    specialization share one signature, so an op whose specializations would save
+    different values saves none (its backward computes them again)."""
+    pairs = [saved_row_values(f, b) for (_, f), (_, b) in zip(forward_graphs, backward_graphs)]
+    names = {tuple(saved) for _, saved in pairs}
+    if len(names) != 1:
+        return forward_graphs, backward_graphs, ()
+    forwards = tuple((s, Graph(f.spec, f.specialization, {**f.results, **saved}, f.names, f.bindings))
+                     for (s, f), (_, saved) in zip(forward_graphs, pairs))
+    backwards = tuple((s, b) for (s, _), (b, _) in zip(backward_graphs, pairs))
+    return forwards, backwards, names.pop()
 
 
 def channels_first(kernel) -> bool:

@@ -82,8 +82,9 @@ def test_parameter_gradients_are_deterministic(device):
     x = torch.randn(64, 32, 9, 9, device=device)
     gamma = torch.randn(32, device=device)
     grad_y = torch.randn_like(x)
-    first = torch.ops.avo.channel_norm_backward(grad_y, x, gamma, gamma, 1e-5, True)
-    second = torch.ops.avo.channel_norm_backward(grad_y, x, gamma, gamma, 1e-5, True)
+    _, mu, rstd = torch.ops.avo.channel_norm_forward(x, gamma, gamma, 1e-5, True)
+    first = torch.ops.avo.channel_norm_backward(grad_y, mu, rstd, x, gamma, gamma, 1e-5, True)
+    second = torch.ops.avo.channel_norm_backward(grad_y, mu, rstd, x, gamma, gamma, 1e-5, True)
     for a, b in zip(first, second):
         assert torch.equal(a, b)
 
@@ -94,9 +95,11 @@ def test_opcheck(with_params, device):
     gamma = torch.randn(3, device=device, requires_grad=True) if with_params else None
     beta = torch.randn(3, device=device, requires_grad=True) if with_params else None
     torch.library.opcheck(torch.ops.avo.channel_norm.default, (x, gamma, beta), {"swish": True})
+    given = (x.detach(), gamma if gamma is None else gamma.detach(), None)
+    torch.library.opcheck(torch.ops.avo.channel_norm_forward.default, (*given, 1e-5, False), {})
+    _, mu, rstd = torch.ops.avo.channel_norm_forward(*given, 1e-5, False)
     grad_y = torch.randn(2, 3, 4, 5, device=device)
-    torch.library.opcheck(torch.ops.avo.channel_norm_backward.default,
-                          (grad_y, x.detach(), gamma if gamma is None else gamma.detach(), None, 1e-5, False), {})
+    torch.library.opcheck(torch.ops.avo.channel_norm_backward.default, (grad_y, mu, rstd, *given, 1e-5, False), {})
 
 
 def test_torch_compile_fullgraph(device):

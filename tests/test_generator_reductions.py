@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from generator.autodiff import lower_backward
+from generator.autodiff import lower_backward, saved_row_values
 from generator.errors import SpecError
 from generator.emit_row import earlier_sums, per_row_reciprocals, strip_no_grad
 from generator.ir import REDUCTION_OPS, lower_forward, topological_order
@@ -167,6 +167,10 @@ def _passes(results) -> int:
     return max(depth[id(n)] for n in results.values())
 
 
+def _reductions(results) -> int:
+    return sum(node.op in REDUCTION_OPS for node in topological_order(results.values()))
+
+
 def _rewrite_inputs(spec, seed: int) -> dict[str, torch.Tensor]:
     """Random float64 values of every input and output gradient of a test spec, for
     checking that a rewrite of the IR keeps its results."""
@@ -200,14 +204,38 @@ def test_backward_passes_after_earlier_sums(name, passes):
     assert _passes(earlier_sums(results)) == passes < _passes(results)
 
 
-@pytest.mark.parametrize("op,passes", [("layernorm", 2), ("rmsnorm", 1), ("softmax", 2), ("swish_layernorm", 2)])
+@pytest.mark.parametrize("op,passes", [("layernorm", 1), ("rmsnorm", 1), ("softmax", 1), ("log_softmax", 1),
+                                       ("swish_layernorm", 1), ("add_layernorm", 1)])
 def test_generated_backward_makes_one_pass_per_level(op, passes):
-    """Sums of one level share a pass (row.sums); the generated backward makes `passes`
-    reduction passes over the row before its outputs."""
+    """Sums of one level share a pass (row.sums), and the forward's per-row values are
+    read, not computed again: the generated backward makes `passes` reduction passes
+    over the row before its outputs (layernorm's made 2 when it computed mu and rstd)."""
     with open(ROOT / "csrc" / "generated" / f"{op}_math.h", encoding="utf-8") as f:
         backward = f.read().split("struct BackwardMath")[1]
     calls = sum(backward.count(f"row.{call}(") for call in ("sum", "sums", "max", "min"))
     assert calls == passes
+
+
+@pytest.mark.parametrize("name,expected", [("layernorm", ["mu", "saved_1"]), ("rmsnorm", ["saved_0"]),
+                                           ("softmax", ["saved_0", "saved_1"]), ("stats", None)])
+def test_backward_reads_the_saved_row_values_and_keeps_its_value(name, expected):
+    """saved_row_values: the backward reads the forward's largest per-row values (named as
+    in the spec) and no longer computes the reductions inside them; evaluated with the
+    values the forward computes, it gives the derived backward's results."""
+    spec = spec_of(CASES[name])
+    forward, backward = lower_forward(spec, {}), lower_backward(spec, {})
+    reading, saved = saved_row_values(forward, backward)
+    if expected is not None:
+        assert list(saved) == expected
+    assert _reductions(reading.results) < _reductions(backward.results)
+    values = _rewrite_inputs(spec, seed=4)
+    attrs = {"eps": 1e-5}
+    stats = evaluate({k: strip_no_grad(v, {}) for k, v in saved.items()}, values, attrs)
+    assert all(v.shape == (ROWS, 1) for v in stats.values())
+    before = evaluate({k: strip_no_grad(v, {}) for k, v in backward.results.items()}, values, attrs)
+    after = evaluate({k: strip_no_grad(v, {}) for k, v in reading.results.items()}, {**values, **stats}, attrs)
+    for out in before:
+        torch.testing.assert_close(after[out], before[out], rtol=1e-12, atol=1e-12)
 
 
 def test_earlier_sums_does_not_multiply_out_products():
@@ -298,13 +326,14 @@ def test_every_pass_lists_exactly_the_columns_it_reads(path):
 
 def test_layernorm_reads_weight_and_bias_only_where_it_uses_them():
     """The forward's reductions read no parameter; its output pass reads weight and bias
-    (inputs 1 and 2). The backward reads weight (input 2) in its sums and in its last
-    pass, which computes grad_x and the parameter gradients' terms together."""
+    (inputs 1 and 2). The backward (inputs grad_y, mu, rstd, x, weight, bias) reads weight
+    (input 4) in its sums and in its last pass, which computes grad_x and the parameter
+    gradients' terms together."""
     source = (ROOT / "csrc" / "generated" / "layernorm_math.h").read_text(encoding="utf-8")
     forward, backward = source.split("struct BackwardMath")
     assert [(c, t) for c, t, _ in _passes_and_columns(forward)] == [("sum", set()), ("sum", set()), ("for_each", {1, 2})]
     assert [(c, t) for c, t, _ in _passes_and_columns(backward)] == [
-        ("sums", {2}), ("sums", {2}), ("for_each_with_column_sums", {2})]
+        ("sums", {4}), ("for_each_with_column_sums", {4})]
 
 
 @pytest.mark.parametrize("path", ROW_MATH, ids=lambda p: p.name)

@@ -76,6 +76,14 @@ class Op:
     def backward_op(self):
         return getattr(torch.ops.avo, self.name + "_backward")
 
+    def saved(self, *tensors):
+        """The per-row values <op>_forward returns after the outputs, for the backward."""
+        return _tuple(getattr(torch.ops.avo, self.name + "_forward")(*tensors))[len(self.outputs):]
+
+    def backward(self, grads, tensors):
+        """<op>_backward of these gradients, at these inputs and what the forward saved there."""
+        return _tuple(self.backward_op()(*grads, *self.saved(*tensors), *tensors))
+
     def __repr__(self):
         return self.name
 
@@ -373,17 +381,85 @@ def test_backward_op_returns_one_gradient_per_input(name, device):
     dtype = torch.float32
     tensors = make_inputs(op, (3, 20), dtype, device)
     grads = [randn((3, 20), dtype, device) for _ in op.outputs]
-    result = op.backward_op()(*grads, *tensors)
-    result = _tuple(result)
+    result = op.backward(grads, tensors)
     assert len(result) == len(tensors)
     for r, t in zip(result, tensors):
         assert r.shape == t.shape and r.dtype == dtype and r.device == t.device
     if op.params:
         # A missing optional input gets an empty gradient.
         without = [t if k < len(op.elems) else None for k, t in enumerate(tensors)]
-        result = _tuple(op.backward_op()(*grads, *without))
+        result = op.backward(grads, without)
         for r in result[len(op.elems):]:
             assert r.shape == (0,)
+
+
+def _saved_reference(op, tensors64):
+    """The per-row values <op>_forward saves, in float64: the mean and rstd (layernorm
+    family) or the rstd (rmsnorm family) of the normalized tensor; softmax's row maximum
+    and sum of exp(x - max)."""
+    x = tensors64[0]
+    if op.kind in ("softmax", "log_softmax"):
+        row_max = x.amax(-1)
+        return [row_max, torch.exp(x - row_max.unsqueeze(-1)).sum(-1)]
+    h = x + tensors64[1] if len(op.elems) == 2 else x
+    h = F.silu(h) if op.name == "swish_layernorm" else h
+    _, rstd = _normalized(op, tensors64)
+    return [h.mean(-1), rstd.squeeze(-1)] if op.kind == "layernorm" else [rstd.squeeze(-1)]
+
+
+@pytest.mark.parametrize("shape", [(5, 33), (2, 3, 130), (0, 16)], ids=str)
+@pytest.mark.parametrize("name", ALL)
+def test_forward_saves_per_row_values_matching_float64(name, shape, device, dtype):
+    """<op>_forward returns exactly the op's outputs, then per-row fp32 values: those the
+    backward reads, against their float64 definition."""
+    op = OPS[name]
+    tensors = make_inputs(op, shape, dtype, device)
+    results = _tuple(getattr(torch.ops.avo, name + "_forward")(*tensors))
+    outputs, saved = results[:len(op.outputs)], results[len(op.outputs):]
+    for a, b in zip(outputs, _tuple(op.op(*tensors))):
+        assert torch.equal(a, b)
+    tensors64 = upcast(tensors)
+    expected = _saved_reference(op, tensors64)
+    assert len(saved) == len(expected)
+    for value, reference in zip(saved, expected):
+        assert value.device == tensors[0].device and value.is_contiguous()
+        assert_matches_reference(value, reference, torch.float32, scale=_max(reference) + _max(tensors64[0]))
+
+
+def test_backward_rejects_saved_values_it_cannot_read(device):
+    x, w, b = make_inputs(OPS["layernorm"], (3, 8), torch.float16, device)
+    g = torch.randn(3, 8, device=device).half()
+    _, mu, rstd = torch.ops.avo.layernorm_forward(x, w, b)
+    assert mu.dtype == torch.float32 and mu.shape == (3,)
+    with pytest.raises(RuntimeError, match=r"avo::layernorm_backward: argument 'rstd' must be a float32 tensor of "
+                                           r"shape \[3\] \(one value per row of 'grad_y', as avo::layernorm_forward "
+                                           r"returns it\), got float16 \[3\]"):
+        torch.ops.avo.layernorm_backward(g, mu, rstd.half(), x, w, b)
+    with pytest.raises(RuntimeError, match=r"argument 'mu' must be a float32 tensor of shape \[3\] .*got float32 \[4\]"):
+        torch.ops.avo.layernorm_backward(g, torch.zeros(4, device=device), rstd, x, w, b)
+
+
+def test_saving_forward_is_not_differentiable(device):
+    x = torch.randn(3, 8, device=device, requires_grad=True)
+    with pytest.raises(RuntimeError, match="avo::softmax_forward is not differentiable: call avo::softmax"):
+        torch.ops.avo.softmax_forward(x)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_function_class_has_the_op_gradients(name, device):
+    """avo_ops.<Op>Function (for code that composes autograd.Functions) gives the outputs
+    and gradients of the op's own autograd kernel, bit for bit."""
+    op = OPS[name]
+    function = getattr(avo_ops, "".join(part.title() for part in name.split("_")) + "Function")
+    tensors = make_inputs(op, (4, 40), torch.float32, device)
+    grads = [randn((4, 40), torch.float32, device) for _ in op.outputs]
+    runs = []
+    for call in (op.op, function.apply):
+        leaves = [t.clone().requires_grad_(True) for t in tensors]
+        outputs = _tuple(call(*leaves))
+        runs.append((outputs, torch.autograd.grad(outputs, leaves, grads)))
+    for a, b in zip(runs[0][0] + runs[0][1], runs[1][0] + runs[1][1]):
+        assert torch.equal(a, b)
 
 
 # ---------------------------------------------------------------------------------
@@ -440,7 +516,8 @@ def test_non_contiguous_gradient_argument(device):
     op = OPS["layernorm"]
     x, w, b = make_inputs(op, (R, N), torch.float32, device)
     g = randn((N, R), torch.float32, device).t()
-    result = torch.ops.avo.layernorm_backward(g, x, w, b)
+    _, mu, rstd = torch.ops.avo.layernorm_forward(x, w, b)
+    result = torch.ops.avo.layernorm_backward(g, mu, rstd, x, w, b)
     l64 = upcast([x, w, b], requires_grad=True)
     expected = torch.autograd.grad(op.reference(*l64), l64, g.double())
     scales = grad_scales(op, upcast([x, w, b]), [g.double()])
@@ -515,9 +592,9 @@ def test_parameter_gradients_are_deterministic(name, device, dtype):
     shape = (3000, 64)
     tensors = make_inputs(op, shape, dtype, device)
     grads = [randn(shape, dtype, device) for _ in op.outputs]
-    first = op.backward_op()(*grads, *tensors)
+    first = op.backward(grads, tensors)
     for _ in range(2):
-        again = op.backward_op()(*grads, *tensors)
+        again = op.backward(grads, tensors)
         for a, b in zip(first, again):
             assert torch.equal(a, b)
     # Through autograd as well.
@@ -546,7 +623,8 @@ def test_opcheck(name, params, device):
     forward_args = [None if t is None else t.clone().requires_grad_(True) for t in tensors]
     torch.library.opcheck(getattr(torch.ops.avo, name).default, tuple(forward_args))
     grads = [randn((6, 33), torch.float32, device) for _ in op.outputs]
-    torch.library.opcheck(op.backward_op().default, (*grads, *tensors))
+    torch.library.opcheck(getattr(torch.ops.avo, name + "_forward").default, tuple(tensors))
+    torch.library.opcheck(op.backward_op().default, (*grads, *op.saved(*tensors), *tensors))
 
 
 def _block(x, residual, w, b, w_rms):
@@ -636,7 +714,7 @@ def test_mixed_dtypes_are_rejected(name, device):
     if len(tensors) == 1:  # one tensor input: mix in the backward op's gradient
         with pytest.raises(TypeError, match=rf"avo::{name}_backward: argument 'x' has dtype float16 but "
                                             r"'grad_y' has dtype float32"):
-            op.backward_op()(torch.randn(3, 8, device=device), tensors[0].half())
+            op.backward_op()(torch.randn(3, 8, device=device), *op.saved(tensors[0]), tensors[0].half())
         return
     last = len(tensors) - 1
     arg = op.elems[1] if len(op.elems) == 2 else op.params[-1]

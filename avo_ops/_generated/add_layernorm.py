@@ -15,20 +15,19 @@ def _add_layernorm_fake(x, residual, weight=None, bias=None, eps=1e-05):
     return _runtime.row_fake("avo::add_layernorm", {"x": (x, "elem"), "residual": (residual, "elem"), "weight": (weight, "col"), "bias": (bias, "col")}, [("elem", True), ("elem", True)])
 
 
+@torch.library.register_fake("avo::add_layernorm_forward")
+def _add_layernorm_forward_fake(x, residual, weight=None, bias=None, eps=1e-05):
+    return _runtime.row_fake("avo::add_layernorm_forward", {"x": (x, "elem"), "residual": (residual, "elem"), "weight": (weight, "col"), "bias": (bias, "col")}, [("elem", True), ("elem", True), ("saved", True), ("saved", True)])
+
+
 @torch.library.register_fake("avo::add_layernorm_backward")
-def _add_layernorm_backward_fake(grad_hidden, grad_y, x, residual, weight=None, bias=None, eps=1e-05):
-    return _runtime.row_fake("avo::add_layernorm_backward", {"grad_hidden": (grad_hidden, "elem"), "grad_y": (grad_y, "elem"), "x": (x, "elem"), "residual": (residual, "elem"), "weight": (weight, "col"), "bias": (bias, "col")}, [("elem", True), ("elem", True), ("col", weight is not None), ("col", bias is not None)])
-
-
-def _setup_context(ctx, inputs, output):
-    x, residual, weight, bias, eps = inputs
-    ctx.save_for_backward(x, residual, weight, bias)
-    ctx.eps = eps
+def _add_layernorm_backward_fake(grad_hidden, grad_y, mu, rstd, x, residual, weight=None, bias=None, eps=1e-05):
+    return _runtime.row_fake("avo::add_layernorm_backward", {"grad_hidden": (grad_hidden, "elem"), "grad_y": (grad_y, "elem"), "mu": (mu, "saved"), "rstd": (rstd, "saved"), "x": (x, "elem"), "residual": (residual, "elem"), "weight": (weight, "col"), "bias": (bias, "col")}, [("elem", True), ("elem", True), ("col", weight is not None), ("col", bias is not None)])
 
 
 def _backward(ctx, grad_hidden, grad_y):
-    x, residual, weight, bias = ctx.saved_tensors
-    grad_x, grad_residual, grad_weight, grad_bias = torch.ops.avo.add_layernorm_backward(grad_hidden, grad_y, x, residual, weight, bias, ctx.eps)
+    x, residual, weight, bias, mu, rstd = ctx.saved_tensors
+    grad_x, grad_residual, grad_weight, grad_bias = torch.ops.avo.add_layernorm_backward(grad_hidden, grad_y, mu, rstd, x, residual, weight, bias, ctx.eps)
     return _runtime.reduce_grad(grad_x, x), _runtime.reduce_grad(grad_residual, residual), _runtime.reduce_grad(grad_weight, weight), _runtime.reduce_grad(grad_bias, bias), None
 
 
@@ -37,10 +36,12 @@ class AddLayernormFunction(torch.autograd.Function):
     own autograd kernel (torch.ops.avo.add_layernorm is differentiable without it)."""
 
     @staticmethod
-    def forward(x, residual, weight=None, bias=None, eps=1e-05):
-        return torch.ops.avo.add_layernorm(x, residual, weight, bias, eps)
+    def forward(ctx, x, residual, weight=None, bias=None, eps=1e-05):
+        hidden, y, mu, rstd = torch.ops.avo.add_layernorm_forward(x, residual, weight, bias, eps)
+        ctx.save_for_backward(x, residual, weight, bias, mu, rstd)
+        ctx.eps = eps
+        return hidden, y
 
-    setup_context = staticmethod(_setup_context)
     backward = staticmethod(_backward)
 
 

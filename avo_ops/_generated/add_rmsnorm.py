@@ -15,20 +15,19 @@ def _add_rmsnorm_fake(x, residual, weight=None, eps=1e-06):
     return _runtime.row_fake("avo::add_rmsnorm", {"x": (x, "elem"), "residual": (residual, "elem"), "weight": (weight, "col")}, [("elem", True), ("elem", True)])
 
 
+@torch.library.register_fake("avo::add_rmsnorm_forward")
+def _add_rmsnorm_forward_fake(x, residual, weight=None, eps=1e-06):
+    return _runtime.row_fake("avo::add_rmsnorm_forward", {"x": (x, "elem"), "residual": (residual, "elem"), "weight": (weight, "col")}, [("elem", True), ("elem", True), ("saved", True)])
+
+
 @torch.library.register_fake("avo::add_rmsnorm_backward")
-def _add_rmsnorm_backward_fake(grad_hidden, grad_y, x, residual, weight=None, eps=1e-06):
-    return _runtime.row_fake("avo::add_rmsnorm_backward", {"grad_hidden": (grad_hidden, "elem"), "grad_y": (grad_y, "elem"), "x": (x, "elem"), "residual": (residual, "elem"), "weight": (weight, "col")}, [("elem", True), ("elem", True), ("col", weight is not None)])
-
-
-def _setup_context(ctx, inputs, output):
-    x, residual, weight, eps = inputs
-    ctx.save_for_backward(x, residual, weight)
-    ctx.eps = eps
+def _add_rmsnorm_backward_fake(grad_hidden, grad_y, rrms, x, residual, weight=None, eps=1e-06):
+    return _runtime.row_fake("avo::add_rmsnorm_backward", {"grad_hidden": (grad_hidden, "elem"), "grad_y": (grad_y, "elem"), "rrms": (rrms, "saved"), "x": (x, "elem"), "residual": (residual, "elem"), "weight": (weight, "col")}, [("elem", True), ("elem", True), ("col", weight is not None)])
 
 
 def _backward(ctx, grad_hidden, grad_y):
-    x, residual, weight = ctx.saved_tensors
-    grad_x, grad_residual, grad_weight = torch.ops.avo.add_rmsnorm_backward(grad_hidden, grad_y, x, residual, weight, ctx.eps)
+    x, residual, weight, rrms = ctx.saved_tensors
+    grad_x, grad_residual, grad_weight = torch.ops.avo.add_rmsnorm_backward(grad_hidden, grad_y, rrms, x, residual, weight, ctx.eps)
     return _runtime.reduce_grad(grad_x, x), _runtime.reduce_grad(grad_residual, residual), _runtime.reduce_grad(grad_weight, weight), None
 
 
@@ -37,10 +36,12 @@ class AddRmsnormFunction(torch.autograd.Function):
     own autograd kernel (torch.ops.avo.add_rmsnorm is differentiable without it)."""
 
     @staticmethod
-    def forward(x, residual, weight=None, eps=1e-06):
-        return torch.ops.avo.add_rmsnorm(x, residual, weight, eps)
+    def forward(ctx, x, residual, weight=None, eps=1e-06):
+        hidden, y, rrms = torch.ops.avo.add_rmsnorm_forward(x, residual, weight, eps)
+        ctx.save_for_backward(x, residual, weight, rrms)
+        ctx.eps = eps
+        return hidden, y
 
-    setup_context = staticmethod(_setup_context)
     backward = staticmethod(_backward)
 
 

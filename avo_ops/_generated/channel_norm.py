@@ -15,21 +15,19 @@ def _channel_norm_fake(x, gamma=None, beta=None, eps=1e-05, swish=False):
     return _runtime.row_fake("avo::channel_norm", {"x": (x, "elem"), "gamma": (gamma, "chan"), "beta": (beta, "chan")}, [("elem", True)], channels_first=True)
 
 
+@torch.library.register_fake("avo::channel_norm_forward")
+def _channel_norm_forward_fake(x, gamma=None, beta=None, eps=1e-05, swish=False):
+    return _runtime.row_fake("avo::channel_norm_forward", {"x": (x, "elem"), "gamma": (gamma, "chan"), "beta": (beta, "chan")}, [("elem", True), ("saved", True), ("saved", True)], channels_first=True)
+
+
 @torch.library.register_fake("avo::channel_norm_backward")
-def _channel_norm_backward_fake(grad_y, x, gamma=None, beta=None, eps=1e-05, swish=False):
-    return _runtime.row_fake("avo::channel_norm_backward", {"grad_y": (grad_y, "elem"), "x": (x, "elem"), "gamma": (gamma, "chan"), "beta": (beta, "chan")}, [("elem", True), ("chan", gamma is not None), ("chan", beta is not None)], channels_first=True)
-
-
-def _setup_context(ctx, inputs, output):
-    x, gamma, beta, eps, swish = inputs
-    ctx.save_for_backward(x, gamma, beta)
-    ctx.eps = eps
-    ctx.swish = swish
+def _channel_norm_backward_fake(grad_y, mu, rstd, x, gamma=None, beta=None, eps=1e-05, swish=False):
+    return _runtime.row_fake("avo::channel_norm_backward", {"grad_y": (grad_y, "elem"), "mu": (mu, "saved"), "rstd": (rstd, "saved"), "x": (x, "elem"), "gamma": (gamma, "chan"), "beta": (beta, "chan")}, [("elem", True), ("chan", gamma is not None), ("chan", beta is not None)], channels_first=True)
 
 
 def _backward(ctx, grad_y):
-    x, gamma, beta = ctx.saved_tensors
-    grad_x, grad_gamma, grad_beta = torch.ops.avo.channel_norm_backward(grad_y, x, gamma, beta, ctx.eps, ctx.swish)
+    x, gamma, beta, mu, rstd = ctx.saved_tensors
+    grad_x, grad_gamma, grad_beta = torch.ops.avo.channel_norm_backward(grad_y, mu, rstd, x, gamma, beta, ctx.eps, ctx.swish)
     return _runtime.reduce_grad(grad_x, x), _runtime.reduce_grad(grad_gamma, gamma), _runtime.reduce_grad(grad_beta, beta), None, None
 
 
@@ -38,10 +36,13 @@ class ChannelNormFunction(torch.autograd.Function):
     own autograd kernel (torch.ops.avo.channel_norm is differentiable without it)."""
 
     @staticmethod
-    def forward(x, gamma=None, beta=None, eps=1e-05, swish=False):
-        return torch.ops.avo.channel_norm(x, gamma, beta, eps, swish)
+    def forward(ctx, x, gamma=None, beta=None, eps=1e-05, swish=False):
+        y, mu, rstd = torch.ops.avo.channel_norm_forward(x, gamma, beta, eps, swish)
+        ctx.save_for_backward(x, gamma, beta, mu, rstd)
+        ctx.eps = eps
+        ctx.swish = swish
+        return y
 
-    setup_context = staticmethod(_setup_context)
     backward = staticmethod(_backward)
 
 

@@ -22,12 +22,6 @@ def _gelu_backward_fake(grad_y, x, approximate='none'):
     return _runtime.map_fake("avo::gelu_backward", {"grad_y": grad_y, "x": x}, 1)
 
 
-def _setup_context(ctx, inputs, output):
-    x, approximate = inputs
-    ctx.save_for_backward(x)
-    ctx.approximate = approximate
-
-
 def _backward(ctx, grad_y):
     x, = ctx.saved_tensors
     grad_x = torch.ops.avo.gelu_backward(grad_y, x, ctx.approximate)
@@ -42,7 +36,12 @@ class GeluFunction(torch.autograd.Function):
     def forward(x, approximate='none'):
         return torch.ops.avo.gelu(x, approximate)
 
-    setup_context = staticmethod(_setup_context)
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, approximate = inputs
+        ctx.save_for_backward(x)
+        ctx.approximate = approximate
+
     backward = staticmethod(_backward)
 
 

@@ -15,20 +15,19 @@ def _layernorm_fake(x, weight=None, bias=None, eps=1e-05):
     return _runtime.row_fake("avo::layernorm", {"x": (x, "elem"), "weight": (weight, "col"), "bias": (bias, "col")}, [("elem", True)])
 
 
+@torch.library.register_fake("avo::layernorm_forward")
+def _layernorm_forward_fake(x, weight=None, bias=None, eps=1e-05):
+    return _runtime.row_fake("avo::layernorm_forward", {"x": (x, "elem"), "weight": (weight, "col"), "bias": (bias, "col")}, [("elem", True), ("saved", True), ("saved", True)])
+
+
 @torch.library.register_fake("avo::layernorm_backward")
-def _layernorm_backward_fake(grad_y, x, weight=None, bias=None, eps=1e-05):
-    return _runtime.row_fake("avo::layernorm_backward", {"grad_y": (grad_y, "elem"), "x": (x, "elem"), "weight": (weight, "col"), "bias": (bias, "col")}, [("elem", True), ("col", weight is not None), ("col", bias is not None)])
-
-
-def _setup_context(ctx, inputs, output):
-    x, weight, bias, eps = inputs
-    ctx.save_for_backward(x, weight, bias)
-    ctx.eps = eps
+def _layernorm_backward_fake(grad_y, mu, rstd, x, weight=None, bias=None, eps=1e-05):
+    return _runtime.row_fake("avo::layernorm_backward", {"grad_y": (grad_y, "elem"), "mu": (mu, "saved"), "rstd": (rstd, "saved"), "x": (x, "elem"), "weight": (weight, "col"), "bias": (bias, "col")}, [("elem", True), ("col", weight is not None), ("col", bias is not None)])
 
 
 def _backward(ctx, grad_y):
-    x, weight, bias = ctx.saved_tensors
-    grad_x, grad_weight, grad_bias = torch.ops.avo.layernorm_backward(grad_y, x, weight, bias, ctx.eps)
+    x, weight, bias, mu, rstd = ctx.saved_tensors
+    grad_x, grad_weight, grad_bias = torch.ops.avo.layernorm_backward(grad_y, mu, rstd, x, weight, bias, ctx.eps)
     return _runtime.reduce_grad(grad_x, x), _runtime.reduce_grad(grad_weight, weight), _runtime.reduce_grad(grad_bias, bias), None
 
 
@@ -37,10 +36,12 @@ class LayernormFunction(torch.autograd.Function):
     own autograd kernel (torch.ops.avo.layernorm is differentiable without it)."""
 
     @staticmethod
-    def forward(x, weight=None, bias=None, eps=1e-05):
-        return torch.ops.avo.layernorm(x, weight, bias, eps)
+    def forward(ctx, x, weight=None, bias=None, eps=1e-05):
+        y, mu, rstd = torch.ops.avo.layernorm_forward(x, weight, bias, eps)
+        ctx.save_for_backward(x, weight, bias, mu, rstd)
+        ctx.eps = eps
+        return y
 
-    setup_context = staticmethod(_setup_context)
     backward = staticmethod(_backward)
 
 

@@ -15,19 +15,19 @@ def _log_softmax_fake(x):
     return _runtime.row_fake("avo::log_softmax", {"x": (x, "elem")}, [("elem", True)])
 
 
+@torch.library.register_fake("avo::log_softmax_forward")
+def _log_softmax_forward_fake(x):
+    return _runtime.row_fake("avo::log_softmax_forward", {"x": (x, "elem")}, [("elem", True), ("saved", True), ("saved", True)])
+
+
 @torch.library.register_fake("avo::log_softmax_backward")
-def _log_softmax_backward_fake(grad_y, x):
-    return _runtime.row_fake("avo::log_softmax_backward", {"grad_y": (grad_y, "elem"), "x": (x, "elem")}, [("elem", True)])
-
-
-def _setup_context(ctx, inputs, output):
-    x, = inputs
-    ctx.save_for_backward(x)
+def _log_softmax_backward_fake(grad_y, saved_0, total, x):
+    return _runtime.row_fake("avo::log_softmax_backward", {"grad_y": (grad_y, "elem"), "saved_0": (saved_0, "saved"), "total": (total, "saved"), "x": (x, "elem")}, [("elem", True)])
 
 
 def _backward(ctx, grad_y):
-    x, = ctx.saved_tensors
-    grad_x = torch.ops.avo.log_softmax_backward(grad_y, x)
+    x, saved_0, total = ctx.saved_tensors
+    grad_x = torch.ops.avo.log_softmax_backward(grad_y, saved_0, total, x)
     return _runtime.reduce_grad(grad_x, x)
 
 
@@ -36,10 +36,11 @@ class LogSoftmaxFunction(torch.autograd.Function):
     own autograd kernel (torch.ops.avo.log_softmax is differentiable without it)."""
 
     @staticmethod
-    def forward(x):
-        return torch.ops.avo.log_softmax(x)
+    def forward(ctx, x):
+        y, saved_0, total = torch.ops.avo.log_softmax_forward(x)
+        ctx.save_for_backward(x, saved_0, total)
+        return y
 
-    setup_context = staticmethod(_setup_context)
     backward = staticmethod(_backward)
 
 

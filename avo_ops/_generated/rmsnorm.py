@@ -15,20 +15,19 @@ def _rmsnorm_fake(x, weight=None, eps=1e-06):
     return _runtime.row_fake("avo::rmsnorm", {"x": (x, "elem"), "weight": (weight, "col")}, [("elem", True)])
 
 
+@torch.library.register_fake("avo::rmsnorm_forward")
+def _rmsnorm_forward_fake(x, weight=None, eps=1e-06):
+    return _runtime.row_fake("avo::rmsnorm_forward", {"x": (x, "elem"), "weight": (weight, "col")}, [("elem", True), ("saved", True)])
+
+
 @torch.library.register_fake("avo::rmsnorm_backward")
-def _rmsnorm_backward_fake(grad_y, x, weight=None, eps=1e-06):
-    return _runtime.row_fake("avo::rmsnorm_backward", {"grad_y": (grad_y, "elem"), "x": (x, "elem"), "weight": (weight, "col")}, [("elem", True), ("col", weight is not None)])
-
-
-def _setup_context(ctx, inputs, output):
-    x, weight, eps = inputs
-    ctx.save_for_backward(x, weight)
-    ctx.eps = eps
+def _rmsnorm_backward_fake(grad_y, rrms, x, weight=None, eps=1e-06):
+    return _runtime.row_fake("avo::rmsnorm_backward", {"grad_y": (grad_y, "elem"), "rrms": (rrms, "saved"), "x": (x, "elem"), "weight": (weight, "col")}, [("elem", True), ("col", weight is not None)])
 
 
 def _backward(ctx, grad_y):
-    x, weight = ctx.saved_tensors
-    grad_x, grad_weight = torch.ops.avo.rmsnorm_backward(grad_y, x, weight, ctx.eps)
+    x, weight, rrms = ctx.saved_tensors
+    grad_x, grad_weight = torch.ops.avo.rmsnorm_backward(grad_y, rrms, x, weight, ctx.eps)
     return _runtime.reduce_grad(grad_x, x), _runtime.reduce_grad(grad_weight, weight), None
 
 
@@ -37,10 +36,12 @@ class RmsnormFunction(torch.autograd.Function):
     own autograd kernel (torch.ops.avo.rmsnorm is differentiable without it)."""
 
     @staticmethod
-    def forward(x, weight=None, eps=1e-06):
-        return torch.ops.avo.rmsnorm(x, weight, eps)
+    def forward(ctx, x, weight=None, eps=1e-06):
+        y, rrms = torch.ops.avo.rmsnorm_forward(x, weight, eps)
+        ctx.save_for_backward(x, weight, rrms)
+        ctx.eps = eps
+        return y
 
-    setup_context = staticmethod(_setup_context)
     backward = staticmethod(_backward)
 
 

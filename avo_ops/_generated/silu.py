@@ -20,11 +20,6 @@ def _silu_backward_fake(grad_y, x):
     return _runtime.map_fake("avo::silu_backward", {"grad_y": grad_y, "x": x}, 1)
 
 
-def _setup_context(ctx, inputs, output):
-    x, = inputs
-    ctx.save_for_backward(x)
-
-
 def _backward(ctx, grad_y):
     x, = ctx.saved_tensors
     grad_x = torch.ops.avo.silu_backward(grad_y, x)
@@ -39,7 +34,11 @@ class SiluFunction(torch.autograd.Function):
     def forward(x):
         return torch.ops.avo.silu(x)
 
-    setup_context = staticmethod(_setup_context)
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, = inputs
+        ctx.save_for_backward(x)
+
     backward = staticmethod(_backward)
 
 

@@ -15,19 +15,19 @@ def _softmax_fake(x):
     return _runtime.row_fake("avo::softmax", {"x": (x, "elem")}, [("elem", True)])
 
 
+@torch.library.register_fake("avo::softmax_forward")
+def _softmax_forward_fake(x):
+    return _runtime.row_fake("avo::softmax_forward", {"x": (x, "elem")}, [("elem", True), ("saved", True), ("saved", True)])
+
+
 @torch.library.register_fake("avo::softmax_backward")
-def _softmax_backward_fake(grad_y, x):
-    return _runtime.row_fake("avo::softmax_backward", {"grad_y": (grad_y, "elem"), "x": (x, "elem")}, [("elem", True)])
-
-
-def _setup_context(ctx, inputs, output):
-    x, = inputs
-    ctx.save_for_backward(x)
+def _softmax_backward_fake(grad_y, row_max, total, x):
+    return _runtime.row_fake("avo::softmax_backward", {"grad_y": (grad_y, "elem"), "row_max": (row_max, "saved"), "total": (total, "saved"), "x": (x, "elem")}, [("elem", True)])
 
 
 def _backward(ctx, grad_y):
-    x, = ctx.saved_tensors
-    grad_x = torch.ops.avo.softmax_backward(grad_y, x)
+    x, row_max, total = ctx.saved_tensors
+    grad_x = torch.ops.avo.softmax_backward(grad_y, row_max, total, x)
     return _runtime.reduce_grad(grad_x, x)
 
 
@@ -36,10 +36,11 @@ class SoftmaxFunction(torch.autograd.Function):
     own autograd kernel (torch.ops.avo.softmax is differentiable without it)."""
 
     @staticmethod
-    def forward(x):
-        return torch.ops.avo.softmax(x)
+    def forward(ctx, x):
+        y, row_max, total = torch.ops.avo.softmax_forward(x)
+        ctx.save_for_backward(x, row_max, total)
+        return y
 
-    setup_context = staticmethod(_setup_context)
     backward = staticmethod(_backward)
 
 

@@ -16,15 +16,17 @@ namespace avo::ops::add_layernorm {
 
 // Forward (add_layernorm): inputs[0] = x (per element), inputs[1] = residual (per element), inputs[2] = weight
 // (per column, optional), inputs[3] = bias (per column, optional); outputs[0] = hidden
-// (per element), outputs[1] = y (per element)
-using ForwardArgs = avo::RowArgs<4, 2>;
+// (per element), outputs[1] = y (per element), outputs[2] = mu (per row, fp32, saved
+// by the forward), outputs[3] = rstd (per row, fp32, saved by the forward)
+using ForwardArgs = avo::RowArgs<4, 4>;
 
 // Backward (add_layernorm_backward): inputs[0] = grad_hidden (per element), inputs[1] = grad_y (per element), inputs[2] =
-// x (per element), inputs[3] = residual (per element), inputs[4] = weight (per column,
-// optional), inputs[5] = bias (per column, optional); outputs[0] = grad_x (per
-// element), outputs[1] = grad_residual (per element), outputs[2] = grad_weight (per
-// column), outputs[3] = grad_bias (per column)
-using BackwardArgs = avo::RowArgs<6, 4>;
+// mu (per row, fp32, saved by the forward), inputs[3] = rstd (per row, fp32, saved by
+// the forward), inputs[4] = x (per element), inputs[5] = residual (per element),
+// inputs[6] = weight (per column, optional), inputs[7] = bias (per column, optional);
+// outputs[0] = grad_x (per element), outputs[1] = grad_residual (per element),
+// outputs[2] = grad_weight (per column), outputs[3] = grad_bias (per column)
+using BackwardArgs = avo::RowArgs<8, 4>;
 
 // Per-column outputs of the backward: fp32 partial sums per chunk of rows, then the
 // partials summed in chunk order (deterministic, no atomics).

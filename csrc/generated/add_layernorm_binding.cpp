@@ -19,7 +19,18 @@ namespace avo::ops::add_layernorm {
 namespace {
 
 std::tuple<at::Tensor, at::Tensor> forward_cpu_impl(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
-  auto call = avo::binding::prepare_rows<4, 2>("avo::add_layernorm", {{{"x", &x, avo::binding::Domain::Elem}, {"residual", &residual, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}, {"bias", bias.has_value() ? &*bias : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Elem}}, {{true, true}}, kColumnSums);
+  auto call = avo::binding::prepare_rows<4, 4>("avo::add_layernorm", {{{"x", &x, avo::binding::Domain::Elem}, {"residual", &residual, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}, {"bias", bias.has_value() ? &*bias : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Elem, avo::binding::Domain::Saved, avo::binding::Domain::Saved}}, {{true, true, false, false}}, kColumnSums);
+  const auto& args = call.args;
+  if (args.rows > 0) {
+    avo::binding::parallel_rows(args, [&](int64_t begin, int64_t end) {
+      forward_cpu(call.dtype, args, static_cast<float>(eps), begin, end);
+    });
+  }
+  return avo::binding::returned<2>(call.outputs);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward_saving_cpu_impl(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+  auto call = avo::binding::prepare_rows<4, 4>("avo::add_layernorm_forward", {{{"x", &x, avo::binding::Domain::Elem}, {"residual", &residual, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}, {"bias", bias.has_value() ? &*bias : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Elem, avo::binding::Domain::Saved, avo::binding::Domain::Saved}}, {{true, true, true, true}}, kColumnSums);
   const auto& args = call.args;
   if (args.rows > 0) {
     avo::binding::parallel_rows(args, [&](int64_t begin, int64_t end) {
@@ -29,8 +40,8 @@ std::tuple<at::Tensor, at::Tensor> forward_cpu_impl(const at::Tensor& x, const a
   return avo::binding::returned(call.outputs);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cpu_impl(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
-  auto call = avo::binding::prepare_rows<6, 4>("avo::add_layernorm_backward", {{{"grad_hidden", &grad_hidden, avo::binding::Domain::Elem}, {"grad_y", &grad_y, avo::binding::Domain::Elem}, {"x", &x, avo::binding::Domain::Elem}, {"residual", &residual, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}, {"bias", bias.has_value() ? &*bias : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Elem, avo::binding::Domain::Col, avo::binding::Domain::Col}}, {{true, true, weight.has_value(), bias.has_value()}}, kColumnSums);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cpu_impl(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+  auto call = avo::binding::prepare_rows<8, 4>("avo::add_layernorm_backward", {{{"grad_hidden", &grad_hidden, avo::binding::Domain::Elem}, {"grad_y", &grad_y, avo::binding::Domain::Elem}, {"mu", &mu, avo::binding::Domain::Saved}, {"rstd", &rstd, avo::binding::Domain::Saved}, {"x", &x, avo::binding::Domain::Elem}, {"residual", &residual, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}, {"bias", bias.has_value() ? &*bias : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Elem, avo::binding::Domain::Col, avo::binding::Domain::Col}}, {{true, true, weight.has_value(), bias.has_value()}}, kColumnSums);
   const auto& args = call.args;
   if (args.rows > 0) {
     avo::binding::parallel_rows(args, [&](int64_t begin, int64_t end) {
@@ -47,7 +58,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cpu_impl(con
 
 #if defined(AVO_WITH_CUDA)
 std::tuple<at::Tensor, at::Tensor> forward_cuda_impl(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
-  auto call = avo::binding::prepare_rows<4, 2>("avo::add_layernorm", {{{"x", &x, avo::binding::Domain::Elem}, {"residual", &residual, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}, {"bias", bias.has_value() ? &*bias : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Elem}}, {{true, true}}, kColumnSums);
+  auto call = avo::binding::prepare_rows<4, 4>("avo::add_layernorm", {{{"x", &x, avo::binding::Domain::Elem}, {"residual", &residual, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}, {"bias", bias.has_value() ? &*bias : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Elem, avo::binding::Domain::Saved, avo::binding::Domain::Saved}}, {{true, true, false, false}}, kColumnSums);
+  const auto& args = call.args;
+  const c10::cuda::CUDAGuard device_guard(call.device);
+  forward_cuda(call.dtype, args, static_cast<float>(eps), c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return avo::binding::returned<2>(call.outputs);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward_saving_cuda_impl(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+  auto call = avo::binding::prepare_rows<4, 4>("avo::add_layernorm_forward", {{{"x", &x, avo::binding::Domain::Elem}, {"residual", &residual, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}, {"bias", bias.has_value() ? &*bias : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Elem, avo::binding::Domain::Saved, avo::binding::Domain::Saved}}, {{true, true, true, true}}, kColumnSums);
   const auto& args = call.args;
   const c10::cuda::CUDAGuard device_guard(call.device);
   forward_cuda(call.dtype, args, static_cast<float>(eps), c10::cuda::getCurrentCUDAStream());
@@ -55,8 +75,8 @@ std::tuple<at::Tensor, at::Tensor> forward_cuda_impl(const at::Tensor& x, const 
   return avo::binding::returned(call.outputs);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cuda_impl(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
-  auto call = avo::binding::prepare_rows<6, 4>("avo::add_layernorm_backward", {{{"grad_hidden", &grad_hidden, avo::binding::Domain::Elem}, {"grad_y", &grad_y, avo::binding::Domain::Elem}, {"x", &x, avo::binding::Domain::Elem}, {"residual", &residual, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}, {"bias", bias.has_value() ? &*bias : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Elem, avo::binding::Domain::Col, avo::binding::Domain::Col}}, {{true, true, weight.has_value(), bias.has_value()}}, kColumnSums);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cuda_impl(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+  auto call = avo::binding::prepare_rows<8, 4>("avo::add_layernorm_backward", {{{"grad_hidden", &grad_hidden, avo::binding::Domain::Elem}, {"grad_y", &grad_y, avo::binding::Domain::Elem}, {"mu", &mu, avo::binding::Domain::Saved}, {"rstd", &rstd, avo::binding::Domain::Saved}, {"x", &x, avo::binding::Domain::Elem}, {"residual", &residual, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}, {"bias", bias.has_value() ? &*bias : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Elem, avo::binding::Domain::Col, avo::binding::Domain::Col}}, {{true, true, weight.has_value(), bias.has_value()}}, kColumnSums);
   const auto& args = call.args;
   const c10::cuda::CUDAGuard device_guard(call.device);
   backward_cuda(call.dtype, args, static_cast<float>(eps), c10::cuda::getCurrentCUDAStream());
@@ -70,12 +90,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cuda_impl(co
 
 TORCH_LIBRARY_IMPL(avo, CPU, m) {
   m.impl("add_layernorm", &forward_cpu_impl);
+  m.impl("add_layernorm_forward", &forward_saving_cpu_impl);
   m.impl("add_layernorm_backward", &backward_cpu_impl);
 }
 
 #if defined(AVO_WITH_CUDA)
 TORCH_LIBRARY_IMPL(avo, CUDA, m) {
   m.impl("add_layernorm", &forward_cuda_impl);
+  m.impl("add_layernorm_forward", &forward_saving_cuda_impl);
   m.impl("add_layernorm_backward", &backward_cuda_impl);
 }
 #endif

@@ -16,14 +16,15 @@ namespace avo::ops::add_rmsnorm {
 
 // Forward (add_rmsnorm): inputs[0] = x (per element), inputs[1] = residual (per element), inputs[2] = weight
 // (per column, optional); outputs[0] = hidden (per element), outputs[1] = y (per
-// element)
-using ForwardArgs = avo::RowArgs<3, 2>;
+// element), outputs[2] = rrms (per row, fp32, saved by the forward)
+using ForwardArgs = avo::RowArgs<3, 3>;
 
 // Backward (add_rmsnorm_backward): inputs[0] = grad_hidden (per element), inputs[1] = grad_y (per element), inputs[2] =
-// x (per element), inputs[3] = residual (per element), inputs[4] = weight (per column,
-// optional); outputs[0] = grad_x (per element), outputs[1] = grad_residual (per
-// element), outputs[2] = grad_weight (per column)
-using BackwardArgs = avo::RowArgs<5, 3>;
+// rrms (per row, fp32, saved by the forward), inputs[3] = x (per element), inputs[4] =
+// residual (per element), inputs[5] = weight (per column, optional); outputs[0] =
+// grad_x (per element), outputs[1] = grad_residual (per element), outputs[2] =
+// grad_weight (per column)
+using BackwardArgs = avo::RowArgs<6, 3>;
 
 // Per-column outputs of the backward: fp32 partial sums per chunk of rows, then the
 // partials summed in chunk order (deterministic, no atomics).

@@ -48,8 +48,13 @@ const auto& forward_op() {
   return op;
 }
 
+const auto& forward_saving_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_layernorm_forward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
+  return op;
+}
+
 const auto& backward_op() {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_layernorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_layernorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
   return op;
 }
 
@@ -57,15 +62,16 @@ class Function : public torch::autograd::Function<Function> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    ctx->save_for_backward({x, residual, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())});
+    const auto results = forward_saving_op().call(x, residual, weight, bias, eps);
+    ctx->save_for_backward({x, residual, weight.value_or(at::Tensor()), bias.value_or(at::Tensor()), std::get<2>(results), std::get<3>(results)});
     ctx->saved_data["eps"] = eps;
-    return avo::autograd::as_list(forward_op().call(x, residual, weight, bias, eps));
+    return {std::get<0>(results), std::get<1>(results)};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], grads[1], saved[0], saved[1], avo::autograd::present(saved[2]), avo::autograd::present(saved[3]), ctx->saved_data["eps"].toDouble()));
+    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], grads[1], saved[4], saved[5], saved[0], saved[1], avo::autograd::present(saved[2]), avo::autograd::present(saved[3]), ctx->saved_data["eps"].toDouble()));
     return {avo::autograd::sum_to_input(gradients[0], saved[0]), avo::autograd::sum_to_input(gradients[1], saved[1]), avo::autograd::sum_to_input(gradients[2], saved[2]), avo::autograd::sum_to_input(gradients[3], saved[3]), at::Tensor()};
   }
 };
@@ -82,11 +88,20 @@ std::tuple<at::Tensor, at::Tensor> autograd_kernel(const at::Tensor& x, const at
 // The backward has no derivative of its own: a call that would record a graph (a double
 // backward, create_graph=True) raises, where torch's fallback would warn and let no
 // second derivative reach the inputs.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
-  TORCH_CHECK(!avo::autograd::needs_grad(grad_hidden, grad_y, x, residual, weight, bias), "avo::add_layernorm_backward is not differentiable: "
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+  TORCH_CHECK(!avo::autograd::needs_grad(grad_hidden, grad_y, mu, rstd, x, residual, weight, bias), "avo::add_layernorm_backward is not differentiable: "
               "avo::add_layernorm has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return backward_op().call(grad_hidden, grad_y, x, residual, weight, bias, eps);
+  return backward_op().call(grad_hidden, grad_y, mu, rstd, x, residual, weight, bias, eps);
+}
+
+// Likewise the forward that returns the saved values: the autograd kernel above calls it
+// below autograd; differentiable calls go through the op itself.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward_saving_autograd_kernel(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+  TORCH_CHECK(!avo::autograd::needs_grad(x, residual, weight, bias), "avo::add_layernorm_forward is not differentiable: "
+              "call avo::add_layernorm, whose gradient is defined");
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return forward_saving_op().call(x, residual, weight, bias, eps);
 }
 
 }  // namespace add_layernorm
@@ -100,8 +115,13 @@ const auto& forward_op() {
   return op;
 }
 
+const auto& forward_saving_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_rmsnorm_forward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double)>();
+  return op;
+}
+
 const auto& backward_op() {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_rmsnorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double)>();
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_rmsnorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double)>();
   return op;
 }
 
@@ -109,15 +129,16 @@ class Function : public torch::autograd::Function<Function> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    ctx->save_for_backward({x, residual, weight.value_or(at::Tensor())});
+    const auto results = forward_saving_op().call(x, residual, weight, eps);
+    ctx->save_for_backward({x, residual, weight.value_or(at::Tensor()), std::get<2>(results)});
     ctx->saved_data["eps"] = eps;
-    return avo::autograd::as_list(forward_op().call(x, residual, weight, eps));
+    return {std::get<0>(results), std::get<1>(results)};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], grads[1], saved[0], saved[1], avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble()));
+    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], grads[1], saved[3], saved[0], saved[1], avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble()));
     return {avo::autograd::sum_to_input(gradients[0], saved[0]), avo::autograd::sum_to_input(gradients[1], saved[1]), avo::autograd::sum_to_input(gradients[2], saved[2]), at::Tensor()};
   }
 };
@@ -134,11 +155,20 @@ std::tuple<at::Tensor, at::Tensor> autograd_kernel(const at::Tensor& x, const at
 // The backward has no derivative of its own: a call that would record a graph (a double
 // backward, create_graph=True) raises, where torch's fallback would warn and let no
 // second derivative reach the inputs.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
-  TORCH_CHECK(!avo::autograd::needs_grad(grad_hidden, grad_y, x, residual, weight), "avo::add_rmsnorm_backward is not differentiable: "
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& rrms, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
+  TORCH_CHECK(!avo::autograd::needs_grad(grad_hidden, grad_y, rrms, x, residual, weight), "avo::add_rmsnorm_backward is not differentiable: "
               "avo::add_rmsnorm has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return backward_op().call(grad_hidden, grad_y, x, residual, weight, eps);
+  return backward_op().call(grad_hidden, grad_y, rrms, x, residual, weight, eps);
+}
+
+// Likewise the forward that returns the saved values: the autograd kernel above calls it
+// below autograd; differentiable calls go through the op itself.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_saving_autograd_kernel(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
+  TORCH_CHECK(!avo::autograd::needs_grad(x, residual, weight), "avo::add_rmsnorm_forward is not differentiable: "
+              "call avo::add_rmsnorm, whose gradient is defined");
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return forward_saving_op().call(x, residual, weight, eps);
 }
 
 }  // namespace add_rmsnorm
@@ -152,8 +182,13 @@ const auto& forward_op() {
   return op;
 }
 
+const auto& forward_saving_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::channel_norm_forward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double, bool)>();
+  return op;
+}
+
 const auto& backward_op() {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::channel_norm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double, bool)>();
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::channel_norm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double, bool)>();
   return op;
 }
 
@@ -161,16 +196,17 @@ class Function : public torch::autograd::Function<Function> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    ctx->save_for_backward({x, gamma.value_or(at::Tensor()), beta.value_or(at::Tensor())});
+    const auto results = forward_saving_op().call(x, gamma, beta, eps, swish);
+    ctx->save_for_backward({x, gamma.value_or(at::Tensor()), beta.value_or(at::Tensor()), std::get<1>(results), std::get<2>(results)});
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["swish"] = swish;
-    return {forward_op().call(x, gamma, beta, eps, swish)};
+    return {std::get<0>(results)};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], avo::autograd::present(saved[1]), avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble(), ctx->saved_data["swish"].toBool()));
+    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[3], saved[4], saved[0], avo::autograd::present(saved[1]), avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble(), ctx->saved_data["swish"].toBool()));
     return {avo::autograd::sum_to_input(gradients[0], saved[0]), avo::autograd::sum_to_input(gradients[1], saved[1]), avo::autograd::sum_to_input(gradients[2], saved[2]), at::Tensor(), at::Tensor()};
   }
 };
@@ -186,11 +222,20 @@ at::Tensor autograd_kernel(const at::Tensor& x, const std::optional<at::Tensor>&
 // The backward has no derivative of its own: a call that would record a graph (a double
 // backward, create_graph=True) raises, where torch's fallback would warn and let no
 // second derivative reach the inputs.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
-  TORCH_CHECK(!avo::autograd::needs_grad(grad_y, x, gamma, beta), "avo::channel_norm_backward is not differentiable: "
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
+  TORCH_CHECK(!avo::autograd::needs_grad(grad_y, mu, rstd, x, gamma, beta), "avo::channel_norm_backward is not differentiable: "
               "avo::channel_norm has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return backward_op().call(grad_y, x, gamma, beta, eps, swish);
+  return backward_op().call(grad_y, mu, rstd, x, gamma, beta, eps, swish);
+}
+
+// Likewise the forward that returns the saved values: the autograd kernel above calls it
+// below autograd; differentiable calls go through the op itself.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_saving_autograd_kernel(const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
+  TORCH_CHECK(!avo::autograd::needs_grad(x, gamma, beta), "avo::channel_norm_forward is not differentiable: "
+              "call avo::channel_norm, whose gradient is defined");
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return forward_saving_op().call(x, gamma, beta, eps, swish);
 }
 
 }  // namespace channel_norm
@@ -255,8 +300,13 @@ const auto& forward_op() {
   return op;
 }
 
+const auto& forward_saving_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::layernorm_forward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
+  return op;
+}
+
 const auto& backward_op() {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::layernorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::layernorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
   return op;
 }
 
@@ -264,15 +314,16 @@ class Function : public torch::autograd::Function<Function> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    ctx->save_for_backward({x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())});
+    const auto results = forward_saving_op().call(x, weight, bias, eps);
+    ctx->save_for_backward({x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor()), std::get<1>(results), std::get<2>(results)});
     ctx->saved_data["eps"] = eps;
-    return {forward_op().call(x, weight, bias, eps)};
+    return {std::get<0>(results)};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], avo::autograd::present(saved[1]), avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble()));
+    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[3], saved[4], saved[0], avo::autograd::present(saved[1]), avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble()));
     return {avo::autograd::sum_to_input(gradients[0], saved[0]), avo::autograd::sum_to_input(gradients[1], saved[1]), avo::autograd::sum_to_input(gradients[2], saved[2]), at::Tensor()};
   }
 };
@@ -288,11 +339,20 @@ at::Tensor autograd_kernel(const at::Tensor& x, const std::optional<at::Tensor>&
 // The backward has no derivative of its own: a call that would record a graph (a double
 // backward, create_graph=True) raises, where torch's fallback would warn and let no
 // second derivative reach the inputs.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
-  TORCH_CHECK(!avo::autograd::needs_grad(grad_y, x, weight, bias), "avo::layernorm_backward is not differentiable: "
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+  TORCH_CHECK(!avo::autograd::needs_grad(grad_y, mu, rstd, x, weight, bias), "avo::layernorm_backward is not differentiable: "
               "avo::layernorm has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return backward_op().call(grad_y, x, weight, bias, eps);
+  return backward_op().call(grad_y, mu, rstd, x, weight, bias, eps);
+}
+
+// Likewise the forward that returns the saved values: the autograd kernel above calls it
+// below autograd; differentiable calls go through the op itself.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_saving_autograd_kernel(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+  TORCH_CHECK(!avo::autograd::needs_grad(x, weight, bias), "avo::layernorm_forward is not differentiable: "
+              "call avo::layernorm, whose gradient is defined");
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return forward_saving_op().call(x, weight, bias, eps);
 }
 
 }  // namespace layernorm
@@ -306,8 +366,13 @@ const auto& forward_op() {
   return op;
 }
 
+const auto& forward_saving_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::log_softmax_forward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&)>();
+  return op;
+}
+
 const auto& backward_op() {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::log_softmax_backward", "").typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::log_softmax_backward", "").typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&)>();
   return op;
 }
 
@@ -315,14 +380,15 @@ class Function : public torch::autograd::Function<Function> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    ctx->save_for_backward({x});
-    return {forward_op().call(x)};
+    const auto results = forward_saving_op().call(x);
+    ctx->save_for_backward({x, std::get<1>(results), std::get<2>(results)});
+    return {std::get<0>(results)};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[0])};
+    const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[1], saved[2], saved[0])};
     return {avo::autograd::sum_to_input(gradients[0], saved[0])};
   }
 };
@@ -338,11 +404,20 @@ at::Tensor autograd_kernel(const at::Tensor& x) {
 // The backward has no derivative of its own: a call that would record a graph (a double
 // backward, create_graph=True) raises, where torch's fallback would warn and let no
 // second derivative reach the inputs.
-at::Tensor backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& x) {
-  TORCH_CHECK(!avo::autograd::needs_grad(grad_y, x), "avo::log_softmax_backward is not differentiable: "
+at::Tensor backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& saved_0, const at::Tensor& total, const at::Tensor& x) {
+  TORCH_CHECK(!avo::autograd::needs_grad(grad_y, saved_0, total, x), "avo::log_softmax_backward is not differentiable: "
               "avo::log_softmax has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return backward_op().call(grad_y, x);
+  return backward_op().call(grad_y, saved_0, total, x);
+}
+
+// Likewise the forward that returns the saved values: the autograd kernel above calls it
+// below autograd; differentiable calls go through the op itself.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_saving_autograd_kernel(const at::Tensor& x) {
+  TORCH_CHECK(!avo::autograd::needs_grad(x), "avo::log_softmax_forward is not differentiable: "
+              "call avo::log_softmax, whose gradient is defined");
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return forward_saving_op().call(x);
 }
 
 }  // namespace log_softmax
@@ -356,8 +431,13 @@ const auto& forward_op() {
   return op;
 }
 
+const auto& forward_saving_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::rmsnorm_forward", "").typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const std::optional<at::Tensor>&, double)>();
+  return op;
+}
+
 const auto& backward_op() {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::rmsnorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double)>();
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::rmsnorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double)>();
   return op;
 }
 
@@ -365,15 +445,16 @@ class Function : public torch::autograd::Function<Function> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    ctx->save_for_backward({x, weight.value_or(at::Tensor())});
+    const auto results = forward_saving_op().call(x, weight, eps);
+    ctx->save_for_backward({x, weight.value_or(at::Tensor()), std::get<1>(results)});
     ctx->saved_data["eps"] = eps;
-    return {forward_op().call(x, weight, eps)};
+    return {std::get<0>(results)};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], avo::autograd::present(saved[1]), ctx->saved_data["eps"].toDouble()));
+    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[2], saved[0], avo::autograd::present(saved[1]), ctx->saved_data["eps"].toDouble()));
     return {avo::autograd::sum_to_input(gradients[0], saved[0]), avo::autograd::sum_to_input(gradients[1], saved[1]), at::Tensor()};
   }
 };
@@ -389,11 +470,20 @@ at::Tensor autograd_kernel(const at::Tensor& x, const std::optional<at::Tensor>&
 // The backward has no derivative of its own: a call that would record a graph (a double
 // backward, create_graph=True) raises, where torch's fallback would warn and let no
 // second derivative reach the inputs.
-std::tuple<at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
-  TORCH_CHECK(!avo::autograd::needs_grad(grad_y, x, weight), "avo::rmsnorm_backward is not differentiable: "
+std::tuple<at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& rrms, const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
+  TORCH_CHECK(!avo::autograd::needs_grad(grad_y, rrms, x, weight), "avo::rmsnorm_backward is not differentiable: "
               "avo::rmsnorm has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return backward_op().call(grad_y, x, weight, eps);
+  return backward_op().call(grad_y, rrms, x, weight, eps);
+}
+
+// Likewise the forward that returns the saved values: the autograd kernel above calls it
+// below autograd; differentiable calls go through the op itself.
+std::tuple<at::Tensor, at::Tensor> forward_saving_autograd_kernel(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
+  TORCH_CHECK(!avo::autograd::needs_grad(x, weight), "avo::rmsnorm_forward is not differentiable: "
+              "call avo::rmsnorm, whose gradient is defined");
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return forward_saving_op().call(x, weight, eps);
 }
 
 }  // namespace rmsnorm
@@ -457,8 +547,13 @@ const auto& forward_op() {
   return op;
 }
 
+const auto& forward_saving_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::softmax_forward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&)>();
+  return op;
+}
+
 const auto& backward_op() {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::softmax_backward", "").typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::softmax_backward", "").typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&)>();
   return op;
 }
 
@@ -466,14 +561,15 @@ class Function : public torch::autograd::Function<Function> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    ctx->save_for_backward({x});
-    return {forward_op().call(x)};
+    const auto results = forward_saving_op().call(x);
+    ctx->save_for_backward({x, std::get<1>(results), std::get<2>(results)});
+    return {std::get<0>(results)};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[0])};
+    const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[1], saved[2], saved[0])};
     return {avo::autograd::sum_to_input(gradients[0], saved[0])};
   }
 };
@@ -489,11 +585,20 @@ at::Tensor autograd_kernel(const at::Tensor& x) {
 // The backward has no derivative of its own: a call that would record a graph (a double
 // backward, create_graph=True) raises, where torch's fallback would warn and let no
 // second derivative reach the inputs.
-at::Tensor backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& x) {
-  TORCH_CHECK(!avo::autograd::needs_grad(grad_y, x), "avo::softmax_backward is not differentiable: "
+at::Tensor backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& row_max, const at::Tensor& total, const at::Tensor& x) {
+  TORCH_CHECK(!avo::autograd::needs_grad(grad_y, row_max, total, x), "avo::softmax_backward is not differentiable: "
               "avo::softmax has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return backward_op().call(grad_y, x);
+  return backward_op().call(grad_y, row_max, total, x);
+}
+
+// Likewise the forward that returns the saved values: the autograd kernel above calls it
+// below autograd; differentiable calls go through the op itself.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_saving_autograd_kernel(const at::Tensor& x) {
+  TORCH_CHECK(!avo::autograd::needs_grad(x), "avo::softmax_forward is not differentiable: "
+              "call avo::softmax, whose gradient is defined");
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return forward_saving_op().call(x);
 }
 
 }  // namespace softmax
@@ -507,8 +612,13 @@ const auto& forward_op() {
   return op;
 }
 
+const auto& forward_saving_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::swish_layernorm_forward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
+  return op;
+}
+
 const auto& backward_op() {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::swish_layernorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::swish_layernorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
   return op;
 }
 
@@ -516,15 +626,16 @@ class Function : public torch::autograd::Function<Function> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    ctx->save_for_backward({x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())});
+    const auto results = forward_saving_op().call(x, weight, bias, eps);
+    ctx->save_for_backward({x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor()), std::get<1>(results), std::get<2>(results)});
     ctx->saved_data["eps"] = eps;
-    return {forward_op().call(x, weight, bias, eps)};
+    return {std::get<0>(results)};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], avo::autograd::present(saved[1]), avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble()));
+    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[3], saved[4], saved[0], avo::autograd::present(saved[1]), avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble()));
     return {avo::autograd::sum_to_input(gradients[0], saved[0]), avo::autograd::sum_to_input(gradients[1], saved[1]), avo::autograd::sum_to_input(gradients[2], saved[2]), at::Tensor()};
   }
 };
@@ -540,11 +651,20 @@ at::Tensor autograd_kernel(const at::Tensor& x, const std::optional<at::Tensor>&
 // The backward has no derivative of its own: a call that would record a graph (a double
 // backward, create_graph=True) raises, where torch's fallback would warn and let no
 // second derivative reach the inputs.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
-  TORCH_CHECK(!avo::autograd::needs_grad(grad_y, x, weight, bias), "avo::swish_layernorm_backward is not differentiable: "
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+  TORCH_CHECK(!avo::autograd::needs_grad(grad_y, mu, rstd, x, weight, bias), "avo::swish_layernorm_backward is not differentiable: "
               "avo::swish_layernorm has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return backward_op().call(grad_y, x, weight, bias, eps);
+  return backward_op().call(grad_y, mu, rstd, x, weight, bias, eps);
+}
+
+// Likewise the forward that returns the saved values: the autograd kernel above calls it
+// below autograd; differentiable calls go through the op itself.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_saving_autograd_kernel(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+  TORCH_CHECK(!avo::autograd::needs_grad(x, weight, bias), "avo::swish_layernorm_forward is not differentiable: "
+              "call avo::swish_layernorm, whose gradient is defined");
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return forward_saving_op().call(x, weight, bias, eps);
 }
 
 }  // namespace swish_layernorm
@@ -553,23 +673,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at
 
 TORCH_LIBRARY_IMPL(avo, Autograd, m) {
   m.impl("add_layernorm", &avo::autograd::add_layernorm::autograd_kernel);
+  m.impl("add_layernorm_forward", &avo::autograd::add_layernorm::forward_saving_autograd_kernel);
   m.impl("add_layernorm_backward", &avo::autograd::add_layernorm::backward_autograd_kernel);
   m.impl("add_rmsnorm", &avo::autograd::add_rmsnorm::autograd_kernel);
+  m.impl("add_rmsnorm_forward", &avo::autograd::add_rmsnorm::forward_saving_autograd_kernel);
   m.impl("add_rmsnorm_backward", &avo::autograd::add_rmsnorm::backward_autograd_kernel);
   m.impl("channel_norm", &avo::autograd::channel_norm::autograd_kernel);
+  m.impl("channel_norm_forward", &avo::autograd::channel_norm::forward_saving_autograd_kernel);
   m.impl("channel_norm_backward", &avo::autograd::channel_norm::backward_autograd_kernel);
   m.impl("gelu", &avo::autograd::gelu::autograd_kernel);
   m.impl("gelu_backward", &avo::autograd::gelu::backward_autograd_kernel);
   m.impl("layernorm", &avo::autograd::layernorm::autograd_kernel);
+  m.impl("layernorm_forward", &avo::autograd::layernorm::forward_saving_autograd_kernel);
   m.impl("layernorm_backward", &avo::autograd::layernorm::backward_autograd_kernel);
   m.impl("log_softmax", &avo::autograd::log_softmax::autograd_kernel);
+  m.impl("log_softmax_forward", &avo::autograd::log_softmax::forward_saving_autograd_kernel);
   m.impl("log_softmax_backward", &avo::autograd::log_softmax::backward_autograd_kernel);
   m.impl("rmsnorm", &avo::autograd::rmsnorm::autograd_kernel);
+  m.impl("rmsnorm_forward", &avo::autograd::rmsnorm::forward_saving_autograd_kernel);
   m.impl("rmsnorm_backward", &avo::autograd::rmsnorm::backward_autograd_kernel);
   m.impl("silu", &avo::autograd::silu::autograd_kernel);
   m.impl("silu_backward", &avo::autograd::silu::backward_autograd_kernel);
   m.impl("softmax", &avo::autograd::softmax::autograd_kernel);
+  m.impl("softmax_forward", &avo::autograd::softmax::forward_saving_autograd_kernel);
   m.impl("softmax_backward", &avo::autograd::softmax::backward_autograd_kernel);
   m.impl("swish_layernorm", &avo::autograd::swish_layernorm::autograd_kernel);
+  m.impl("swish_layernorm_forward", &avo::autograd::swish_layernorm::forward_saving_autograd_kernel);
   m.impl("swish_layernorm_backward", &avo::autograd::swish_layernorm::backward_autograd_kernel);
 }

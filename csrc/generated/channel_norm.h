@@ -15,14 +15,17 @@
 namespace avo::ops::channel_norm {
 
 // Forward (channel_norm): inputs[0] = x (per element), inputs[1] = gamma (per channel, optional), inputs[2] =
-// beta (per channel, optional); outputs[0] = y (per element)
-using ForwardArgs = avo::RowArgs<3, 1>;
+// beta (per channel, optional); outputs[0] = y (per element), outputs[1] = mu (per
+// row, fp32, saved by the forward), outputs[2] = rstd (per row, fp32, saved by the
+// forward)
+using ForwardArgs = avo::RowArgs<3, 3>;
 
-// Backward (channel_norm_backward): inputs[0] = grad_y (per element), inputs[1] = x (per element), inputs[2] = gamma
-// (per channel, optional), inputs[3] = beta (per channel, optional); outputs[0] =
-// grad_x (per element), outputs[1] = grad_gamma (per channel), outputs[2] = grad_beta
-// (per channel)
-using BackwardArgs = avo::RowArgs<4, 3>;
+// Backward (channel_norm_backward): inputs[0] = grad_y (per element), inputs[1] = mu (per row, fp32, saved by the
+// forward), inputs[2] = rstd (per row, fp32, saved by the forward), inputs[3] = x (per
+// element), inputs[4] = gamma (per channel, optional), inputs[5] = beta (per channel,
+// optional); outputs[0] = grad_x (per element), outputs[1] = grad_gamma (per channel),
+// outputs[2] = grad_beta (per channel)
+using BackwardArgs = avo::RowArgs<6, 3>;
 
 // Per-column outputs of the backward: fp32 partial sums per chunk of rows, then the
 // partials summed in chunk order (deterministic, no atomics).

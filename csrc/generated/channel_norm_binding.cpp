@@ -19,7 +19,18 @@ namespace avo::ops::channel_norm {
 namespace {
 
 at::Tensor forward_cpu_impl(const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
-  auto call = avo::binding::prepare_rows<3, 1>("avo::channel_norm", {{{"x", &x, avo::binding::Domain::Elem}, {"gamma", gamma.has_value() ? &*gamma : nullptr, avo::binding::Domain::Channel}, {"beta", beta.has_value() ? &*beta : nullptr, avo::binding::Domain::Channel}}}, {{avo::binding::Domain::Elem}}, {{true}}, kColumnSums, /*channels_first=*/true);
+  auto call = avo::binding::prepare_rows<3, 3>("avo::channel_norm", {{{"x", &x, avo::binding::Domain::Elem}, {"gamma", gamma.has_value() ? &*gamma : nullptr, avo::binding::Domain::Channel}, {"beta", beta.has_value() ? &*beta : nullptr, avo::binding::Domain::Channel}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Saved, avo::binding::Domain::Saved}}, {{true, false, false}}, kColumnSums, /*channels_first=*/true);
+  const auto& args = call.args;
+  if (args.rows > 0) {
+    avo::binding::parallel_rows(args, [&](int64_t begin, int64_t end) {
+      forward_cpu(call.dtype, args, static_cast<float>(eps), static_cast<bool>(swish), begin, end);
+    });
+  }
+  return avo::binding::returned<1>(call.outputs);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_saving_cpu_impl(const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
+  auto call = avo::binding::prepare_rows<3, 3>("avo::channel_norm_forward", {{{"x", &x, avo::binding::Domain::Elem}, {"gamma", gamma.has_value() ? &*gamma : nullptr, avo::binding::Domain::Channel}, {"beta", beta.has_value() ? &*beta : nullptr, avo::binding::Domain::Channel}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Saved, avo::binding::Domain::Saved}}, {{true, true, true}}, kColumnSums, /*channels_first=*/true);
   const auto& args = call.args;
   if (args.rows > 0) {
     avo::binding::parallel_rows(args, [&](int64_t begin, int64_t end) {
@@ -29,8 +40,8 @@ at::Tensor forward_cpu_impl(const at::Tensor& x, const std::optional<at::Tensor>
   return avo::binding::returned(call.outputs);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu_impl(const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
-  auto call = avo::binding::prepare_rows<4, 3>("avo::channel_norm_backward", {{{"grad_y", &grad_y, avo::binding::Domain::Elem}, {"x", &x, avo::binding::Domain::Elem}, {"gamma", gamma.has_value() ? &*gamma : nullptr, avo::binding::Domain::Channel}, {"beta", beta.has_value() ? &*beta : nullptr, avo::binding::Domain::Channel}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Channel, avo::binding::Domain::Channel}}, {{true, gamma.has_value(), beta.has_value()}}, kColumnSums, /*channels_first=*/true);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu_impl(const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
+  auto call = avo::binding::prepare_rows<6, 3>("avo::channel_norm_backward", {{{"grad_y", &grad_y, avo::binding::Domain::Elem}, {"mu", &mu, avo::binding::Domain::Saved}, {"rstd", &rstd, avo::binding::Domain::Saved}, {"x", &x, avo::binding::Domain::Elem}, {"gamma", gamma.has_value() ? &*gamma : nullptr, avo::binding::Domain::Channel}, {"beta", beta.has_value() ? &*beta : nullptr, avo::binding::Domain::Channel}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Channel, avo::binding::Domain::Channel}}, {{true, gamma.has_value(), beta.has_value()}}, kColumnSums, /*channels_first=*/true);
   const auto& args = call.args;
   if (args.rows > 0) {
     avo::binding::parallel_rows(args, [&](int64_t begin, int64_t end) {
@@ -48,7 +59,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu_impl(const at::Tenso
 
 #if defined(AVO_WITH_CUDA)
 at::Tensor forward_cuda_impl(const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
-  auto call = avo::binding::prepare_rows<3, 1>("avo::channel_norm", {{{"x", &x, avo::binding::Domain::Elem}, {"gamma", gamma.has_value() ? &*gamma : nullptr, avo::binding::Domain::Channel}, {"beta", beta.has_value() ? &*beta : nullptr, avo::binding::Domain::Channel}}}, {{avo::binding::Domain::Elem}}, {{true}}, kColumnSums, /*channels_first=*/true);
+  auto call = avo::binding::prepare_rows<3, 3>("avo::channel_norm", {{{"x", &x, avo::binding::Domain::Elem}, {"gamma", gamma.has_value() ? &*gamma : nullptr, avo::binding::Domain::Channel}, {"beta", beta.has_value() ? &*beta : nullptr, avo::binding::Domain::Channel}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Saved, avo::binding::Domain::Saved}}, {{true, false, false}}, kColumnSums, /*channels_first=*/true);
+  const auto& args = call.args;
+  const c10::cuda::CUDAGuard device_guard(call.device);
+  forward_cuda(call.dtype, args, static_cast<float>(eps), static_cast<bool>(swish), c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return avo::binding::returned<1>(call.outputs);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_saving_cuda_impl(const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
+  auto call = avo::binding::prepare_rows<3, 3>("avo::channel_norm_forward", {{{"x", &x, avo::binding::Domain::Elem}, {"gamma", gamma.has_value() ? &*gamma : nullptr, avo::binding::Domain::Channel}, {"beta", beta.has_value() ? &*beta : nullptr, avo::binding::Domain::Channel}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Saved, avo::binding::Domain::Saved}}, {{true, true, true}}, kColumnSums, /*channels_first=*/true);
   const auto& args = call.args;
   const c10::cuda::CUDAGuard device_guard(call.device);
   forward_cuda(call.dtype, args, static_cast<float>(eps), static_cast<bool>(swish), c10::cuda::getCurrentCUDAStream());
@@ -56,8 +76,8 @@ at::Tensor forward_cuda_impl(const at::Tensor& x, const std::optional<at::Tensor
   return avo::binding::returned(call.outputs);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda_impl(const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
-  auto call = avo::binding::prepare_rows<4, 3>("avo::channel_norm_backward", {{{"grad_y", &grad_y, avo::binding::Domain::Elem}, {"x", &x, avo::binding::Domain::Elem}, {"gamma", gamma.has_value() ? &*gamma : nullptr, avo::binding::Domain::Channel}, {"beta", beta.has_value() ? &*beta : nullptr, avo::binding::Domain::Channel}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Channel, avo::binding::Domain::Channel}}, {{true, gamma.has_value(), beta.has_value()}}, kColumnSums, /*channels_first=*/true);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda_impl(const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
+  auto call = avo::binding::prepare_rows<6, 3>("avo::channel_norm_backward", {{{"grad_y", &grad_y, avo::binding::Domain::Elem}, {"mu", &mu, avo::binding::Domain::Saved}, {"rstd", &rstd, avo::binding::Domain::Saved}, {"x", &x, avo::binding::Domain::Elem}, {"gamma", gamma.has_value() ? &*gamma : nullptr, avo::binding::Domain::Channel}, {"beta", beta.has_value() ? &*beta : nullptr, avo::binding::Domain::Channel}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Channel, avo::binding::Domain::Channel}}, {{true, gamma.has_value(), beta.has_value()}}, kColumnSums, /*channels_first=*/true);
   const auto& args = call.args;
   const c10::cuda::CUDAGuard device_guard(call.device);
   backward_cuda(call.dtype, args, static_cast<float>(eps), static_cast<bool>(swish), c10::cuda::getCurrentCUDAStream());
@@ -72,12 +92,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda_impl(const at::Tens
 
 TORCH_LIBRARY_IMPL(avo, CPU, m) {
   m.impl("channel_norm", &forward_cpu_impl);
+  m.impl("channel_norm_forward", &forward_saving_cpu_impl);
   m.impl("channel_norm_backward", &backward_cpu_impl);
 }
 
 #if defined(AVO_WITH_CUDA)
 TORCH_LIBRARY_IMPL(avo, CUDA, m) {
   m.impl("channel_norm", &forward_cuda_impl);
+  m.impl("channel_norm_forward", &forward_saving_cuda_impl);
   m.impl("channel_norm_backward", &backward_cuda_impl);
 }
 #endif

@@ -54,6 +54,8 @@ struct ForwardMath {
       return term;
     });
     const float rstd = F::rsqrt(sum_1 / length + eps);
+    row.store_row_f32(1, mu);
+    row.store_row_f32(2, rstd);
     row.for_each(avo::columns<>, [&](const auto& at) {
       const float x = at.load(0);
       const float s = swish ? x * F::sigmoid(x) : x;
@@ -70,7 +72,7 @@ struct BackwardMath {
   bool swish;
   // Which inputs and outputs are per element, and which inputs per column (bit k:
   // input or output k).
-  static constexpr unsigned kElementInputs = 0x3u;
+  static constexpr unsigned kElementInputs = 0x9u;
   static constexpr unsigned kElementOutputs = 0x1u;
   static constexpr unsigned kColumnInputs = 0x0u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
@@ -85,55 +87,41 @@ struct BackwardMath {
   AVO_HOST_DEVICE void apply(const Row& row) const {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
-    const float gamma = row.load_channel(2, 1.0f);
-    float sums_0[2];
+    const float mu = row.load_saved(1);
+    const float rstd = row.load_saved(2);
+    const float gamma = row.load_channel(4, 1.0f);
+    float sums_0[4];
     row.sums(avo::columns<>, sums_0, [&](const auto& at, float* terms) {
-      const float x = at.load(1);
       const float grad_y = at.load(0);
-      const float s = swish ? x * F::sigmoid(x) : x;
-      const float term_0 = s;
-      const float term_1 = grad_y;
-      terms[0] = term_0;
-      terms[1] = term_1;
-    });
-    const float sum_0 = sums_0[0];
-    const float sum_1 = sums_0[1];
-    const float mu = sum_0 / length;
-    float sums_1[4];
-    row.sums(avo::columns<>, sums_1, [&](const auto& at, float* terms) {
-      const float x = at.load(1);
-      const float grad_y = at.load(0);
+      const float x = at.load(3);
       const float s = swish ? x * F::sigmoid(x) : x;
       const float centered = s - mu;
-      const float term_0 = centered * centered;
-      const float term_1 = grad_y * gamma * centered;
-      const float term_3 = grad_y * centered;
+      const float term_0 = grad_y * gamma * centered;
+      const float term_3 = grad_y * (centered * rstd);
+      const float term_1 = grad_y;
       const float term_2 = centered;
       terms[0] = term_0;
       terms[1] = term_1;
       terms[2] = term_2;
       terms[3] = term_3;
     });
-    const float sum_2 = sums_1[0];
-    const float sum_3 = sums_1[1];
-    const float sum_4 = sums_1[2];
-    const float sum_5 = sums_1[3];
-    const float rstd = F::rsqrt(sum_2 / length + eps);
-    const float r0 = rstd * sum_5;
-    row.store_row_f32(1, r0);
+    const float sum_0 = sums_0[0];
+    const float sum_1 = sums_0[1];
+    const float sum_2 = sums_0[2];
+    const float sum_3 = sums_0[3];
+    row.store_row_f32(1, sum_3);
     row.store_row_f32(2, sum_1);
-    const float r1 = F::rsqrt(sum_2 / length + eps);
-    const float r2 = sum_3 * (-0.5f) * (r1 * r1 * r1) / length;
-    const float t0 = r2 * sum_4;
-    const float r3 = (-(gamma * r1 * sum_1) - t0 - t0) / length;
+    const float r0 = sum_0 * (-0.5f) * (rstd * rstd * rstd) / length;
+    const float t0 = r0 * sum_2;
+    const float r1 = (-(gamma * rstd * sum_1) - t0 - t0) / length;
     row.for_each(avo::columns<>, [&](const auto& at) {
       const float grad_y = at.load(0);
-      const float x = at.load(1);
+      const float x = at.load(3);
       const float t0 = F::sigmoid(x);
       const float s = swish ? x * t0 : x;
       const float centered = s - mu;
-      const float t1 = r2 * centered;
-      const float t2 = grad_y * gamma * r1 + t1 + t1 + r3;
+      const float t1 = r0 * centered;
+      const float t2 = grad_y * gamma * rstd + t1 + t1 + r1;
       const float t3 = swish ? t2 : 0.0f;
       const float grad_x = (swish ? 0.0f : t2) + t3 * t0 + t3 * x * (t0 * (1.0f - t0));
       at.store(0, grad_x);

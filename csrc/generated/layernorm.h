@@ -15,14 +15,16 @@
 namespace avo::ops::layernorm {
 
 // Forward (layernorm): inputs[0] = x (per element), inputs[1] = weight (per column, optional), inputs[2] =
-// bias (per column, optional); outputs[0] = y (per element)
-using ForwardArgs = avo::RowArgs<3, 1>;
+// bias (per column, optional); outputs[0] = y (per element), outputs[1] = mu (per row,
+// fp32, saved by the forward), outputs[2] = rstd (per row, fp32, saved by the forward)
+using ForwardArgs = avo::RowArgs<3, 3>;
 
-// Backward (layernorm_backward): inputs[0] = grad_y (per element), inputs[1] = x (per element), inputs[2] = weight
-// (per column, optional), inputs[3] = bias (per column, optional); outputs[0] = grad_x
-// (per element), outputs[1] = grad_weight (per column), outputs[2] = grad_bias (per
-// column)
-using BackwardArgs = avo::RowArgs<4, 3>;
+// Backward (layernorm_backward): inputs[0] = grad_y (per element), inputs[1] = mu (per row, fp32, saved by the
+// forward), inputs[2] = rstd (per row, fp32, saved by the forward), inputs[3] = x (per
+// element), inputs[4] = weight (per column, optional), inputs[5] = bias (per column,
+// optional); outputs[0] = grad_x (per element), outputs[1] = grad_weight (per column),
+// outputs[2] = grad_bias (per column)
+using BackwardArgs = avo::RowArgs<6, 3>;
 
 // Per-column outputs of the backward: fp32 partial sums per chunk of rows, then the
 // partials summed in chunk order (deterministic, no atomics).

@@ -7,32 +7,40 @@
 TORCH_LIBRARY(avo, m) {
   // specs/add_layernorm.yaml
   m.def("add_layernorm(Tensor x, Tensor residual, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> (Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
-  m.def("add_layernorm_backward(Tensor grad_hidden, Tensor grad_y, Tensor x, Tensor residual, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> (Tensor, Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
+  m.def("add_layernorm_forward(Tensor x, Tensor residual, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> (Tensor, Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
+  m.def("add_layernorm_backward(Tensor grad_hidden, Tensor grad_y, Tensor mu, Tensor rstd, Tensor x, Tensor residual, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> (Tensor, Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
   // specs/add_rmsnorm.yaml
   m.def("add_rmsnorm(Tensor x, Tensor residual, Tensor? weight=None, float eps=1e-06) -> (Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
-  m.def("add_rmsnorm_backward(Tensor grad_hidden, Tensor grad_y, Tensor x, Tensor residual, Tensor? weight=None, float eps=1e-06) -> (Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
+  m.def("add_rmsnorm_forward(Tensor x, Tensor residual, Tensor? weight=None, float eps=1e-06) -> (Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
+  m.def("add_rmsnorm_backward(Tensor grad_hidden, Tensor grad_y, Tensor rrms, Tensor x, Tensor residual, Tensor? weight=None, float eps=1e-06) -> (Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
   // specs/channel_norm.yaml
   m.def("channel_norm(Tensor x, Tensor? gamma=None, Tensor? beta=None, float eps=1e-05, bool swish=False) -> Tensor", {at::Tag::pt2_compliant_tag});
-  m.def("channel_norm_backward(Tensor grad_y, Tensor x, Tensor? gamma=None, Tensor? beta=None, float eps=1e-05, bool swish=False) -> (Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
+  m.def("channel_norm_forward(Tensor x, Tensor? gamma=None, Tensor? beta=None, float eps=1e-05, bool swish=False) -> (Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
+  m.def("channel_norm_backward(Tensor grad_y, Tensor mu, Tensor rstd, Tensor x, Tensor? gamma=None, Tensor? beta=None, float eps=1e-05, bool swish=False) -> (Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
   // specs/gelu.yaml
   m.def("gelu(Tensor x, str approximate=\"none\") -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("gelu_backward(Tensor grad_y, Tensor x, str approximate=\"none\") -> Tensor", {at::Tag::pt2_compliant_tag});
   // specs/layernorm.yaml
   m.def("layernorm(Tensor x, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> Tensor", {at::Tag::pt2_compliant_tag});
-  m.def("layernorm_backward(Tensor grad_y, Tensor x, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> (Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
+  m.def("layernorm_forward(Tensor x, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> (Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
+  m.def("layernorm_backward(Tensor grad_y, Tensor mu, Tensor rstd, Tensor x, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> (Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
   // specs/log_softmax.yaml
   m.def("log_softmax(Tensor x) -> Tensor", {at::Tag::pt2_compliant_tag});
-  m.def("log_softmax_backward(Tensor grad_y, Tensor x) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("log_softmax_forward(Tensor x) -> (Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
+  m.def("log_softmax_backward(Tensor grad_y, Tensor saved_0, Tensor total, Tensor x) -> Tensor", {at::Tag::pt2_compliant_tag});
   // specs/rmsnorm.yaml
   m.def("rmsnorm(Tensor x, Tensor? weight=None, float eps=1e-06) -> Tensor", {at::Tag::pt2_compliant_tag});
-  m.def("rmsnorm_backward(Tensor grad_y, Tensor x, Tensor? weight=None, float eps=1e-06) -> (Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
+  m.def("rmsnorm_forward(Tensor x, Tensor? weight=None, float eps=1e-06) -> (Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
+  m.def("rmsnorm_backward(Tensor grad_y, Tensor rrms, Tensor x, Tensor? weight=None, float eps=1e-06) -> (Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
   // specs/silu.yaml
   m.def("silu(Tensor x) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("silu_backward(Tensor grad_y, Tensor x) -> Tensor", {at::Tag::pt2_compliant_tag});
   // specs/softmax.yaml
   m.def("softmax(Tensor x) -> Tensor", {at::Tag::pt2_compliant_tag});
-  m.def("softmax_backward(Tensor grad_y, Tensor x) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("softmax_forward(Tensor x) -> (Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
+  m.def("softmax_backward(Tensor grad_y, Tensor row_max, Tensor total, Tensor x) -> Tensor", {at::Tag::pt2_compliant_tag});
   // specs/swish_layernorm.yaml
   m.def("swish_layernorm(Tensor x, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> Tensor", {at::Tag::pt2_compliant_tag});
-  m.def("swish_layernorm_backward(Tensor grad_y, Tensor x, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> (Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
+  m.def("swish_layernorm_forward(Tensor x, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> (Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
+  m.def("swish_layernorm_backward(Tensor grad_y, Tensor mu, Tensor rstd, Tensor x, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> (Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
 }

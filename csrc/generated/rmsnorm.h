@@ -15,13 +15,13 @@
 namespace avo::ops::rmsnorm {
 
 // Forward (rmsnorm): inputs[0] = x (per element), inputs[1] = weight (per column, optional); outputs[0] =
-// y (per element)
-using ForwardArgs = avo::RowArgs<2, 1>;
+// y (per element), outputs[1] = rrms (per row, fp32, saved by the forward)
+using ForwardArgs = avo::RowArgs<2, 2>;
 
-// Backward (rmsnorm_backward): inputs[0] = grad_y (per element), inputs[1] = x (per element), inputs[2] = weight
-// (per column, optional); outputs[0] = grad_x (per element), outputs[1] = grad_weight
-// (per column)
-using BackwardArgs = avo::RowArgs<3, 2>;
+// Backward (rmsnorm_backward): inputs[0] = grad_y (per element), inputs[1] = rrms (per row, fp32, saved by the
+// forward), inputs[2] = x (per element), inputs[3] = weight (per column, optional);
+// outputs[0] = grad_x (per element), outputs[1] = grad_weight (per column)
+using BackwardArgs = avo::RowArgs<4, 2>;
 
 // Per-column outputs of the backward: fp32 partial sums per chunk of rows, then the
 // partials summed in chunk order (deterministic, no atomics).

@@ -40,6 +40,7 @@ struct ForwardMath {
       return term;
     });
     const float rrms = F::rsqrt(sum_0 / length + eps);
+    row.store_row_f32(1, rrms);
     row.for_each(avo::columns<1>, [&](const auto& at) {
       const float x = at.load(0);
       const float weight = at.load_col(1, 1.0f);
@@ -54,14 +55,14 @@ struct BackwardMath {
   float eps;
   // Which inputs and outputs are per element, and which inputs per column (bit k:
   // input or output k).
-  static constexpr unsigned kElementInputs = 0x3u;
+  static constexpr unsigned kElementInputs = 0x5u;
   static constexpr unsigned kElementOutputs = 0x1u;
-  static constexpr unsigned kColumnInputs = 0x4u;
+  static constexpr unsigned kColumnInputs = 0x8u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 1;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return k == 0 ? 1 : -1; }
   // The value of per-column input k where the call leaves it out (as in at.load_col).
-  AVO_HOST_DEVICE static constexpr float column_default(int k) { return k == 2 ? 1.0f : 0.0f; }
+  AVO_HOST_DEVICE static constexpr float column_default(int k) { return k == 3 ? 1.0f : 0.0f; }
 
   // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
   // avo/row_cuda.cuh.
@@ -69,24 +70,19 @@ struct BackwardMath {
   AVO_HOST_DEVICE void apply(const Row& row) const {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
-    float sums_0[2];
-    row.sums(avo::columns<2>, sums_0, [&](const auto& at, float* terms) {
-      const float x = at.load(1);
+    const float rrms = row.load_saved(1);
+    const float sum_0 = row.sum(avo::columns<3>, [&](const auto& at) {
       const float grad_y = at.load(0);
-      const float weight = at.load_col(2, 1.0f);
-      const float term_0 = x * x;
-      const float term_1 = grad_y * weight * x;
-      terms[0] = term_0;
-      terms[1] = term_1;
+      const float weight = at.load_col(3, 1.0f);
+      const float x = at.load(2);
+      const float term = grad_y * weight * x;
+      return term;
     });
-    const float sum_0 = sums_0[0];
-    const float sum_1 = sums_0[1];
-    const float rrms = F::rsqrt(sum_0 / length + eps);
-    const float r0 = sum_1 * (-0.5f) * (rrms * rrms * rrms) / length;
-    row.template for_each_with_column_sums<kColumnSums>(avo::columns<2>, [&](const auto& at, float* terms) {
+    const float r0 = sum_0 * (-0.5f) * (rrms * rrms * rrms) / length;
+    row.template for_each_with_column_sums<kColumnSums>(avo::columns<3>, [&](const auto& at, float* terms) {
       const float grad_y = at.load(0);
-      const float weight = at.load_col(2, 1.0f);
-      const float x = at.load(1);
+      const float weight = at.load_col(3, 1.0f);
+      const float x = at.load(2);
       const float t0 = r0 * x;
       const float grad_x = grad_y * weight * rrms + t0 + t0;
       const float term_0 = grad_y * (x * rrms);

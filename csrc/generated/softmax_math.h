@@ -44,6 +44,8 @@ struct ForwardMath {
       const float term = e;
       return term;
     });
+    row.store_row_f32(1, max_0);
+    row.store_row_f32(2, sum_0);
     const float r0 = 1.0f / sum_0;
     row.for_each(avo::columns<>, [&](const auto& at) {
       const float x = at.load(0);
@@ -58,7 +60,7 @@ struct ForwardMath {
 struct BackwardMath {
   // Which inputs and outputs are per element, and which inputs per column (bit k:
   // input or output k).
-  static constexpr unsigned kElementInputs = 0x3u;
+  static constexpr unsigned kElementInputs = 0x9u;
   static constexpr unsigned kElementOutputs = 0x1u;
   static constexpr unsigned kColumnInputs = 0x0u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
@@ -73,30 +75,21 @@ struct BackwardMath {
   AVO_HOST_DEVICE void apply(const Row& row) const {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
-    const float max_0 = row.max(avo::columns<>, [&](const auto& at) {
-      const float x = at.load(1);
-      const float term = x;
+    const float row_max = row.load_saved(1);
+    const float total = row.load_saved(2);
+    const float r0 = 1.0f / total;
+    const float sum_0 = row.sum(avo::columns<>, [&](const auto& at) {
+      const float grad_y = at.load(0);
+      const float x = at.load(3);
+      const float e = F::exp(x - row_max);
+      const float term = -(grad_y * (e * r0) * r0);
       return term;
     });
-    float sums_0[2];
-    row.sums(avo::columns<>, sums_0, [&](const auto& at, float* terms) {
-      const float x = at.load(1);
-      const float grad_y = at.load(0);
-      const float e = F::exp(x - max_0);
-      const float term_1 = grad_y * e;
-      const float term_0 = e;
-      terms[0] = term_0;
-      terms[1] = term_1;
-    });
-    const float sum_0 = sums_0[0];
-    const float sum_1 = sums_0[1];
-    const float r0 = 1.0f / sum_0;
-    const float r1 = r0 / sum_0 * sum_1;
     row.for_each(avo::columns<>, [&](const auto& at) {
       const float grad_y = at.load(0);
-      const float x = at.load(1);
-      const float e = F::exp(x - max_0);
-      const float grad_x = (grad_y * r0 - r1) * e;
+      const float x = at.load(3);
+      const float e = F::exp(x - row_max);
+      const float grad_x = (grad_y * r0 + sum_0) * e;
       at.store(0, grad_x);
     });
   }

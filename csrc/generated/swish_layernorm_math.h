@@ -49,6 +49,8 @@ struct ForwardMath {
       return term;
     });
     const float rstd = F::rsqrt(sum_1 / length + eps);
+    row.store_row_f32(1, mu);
+    row.store_row_f32(2, rstd);
     row.for_each(avo::columns<1, 2>, [&](const auto& at) {
       const float x = at.load(0);
       const float weight = at.load_col(1, 1.0f);
@@ -66,14 +68,14 @@ struct BackwardMath {
   float eps;
   // Which inputs and outputs are per element, and which inputs per column (bit k:
   // input or output k).
-  static constexpr unsigned kElementInputs = 0x3u;
+  static constexpr unsigned kElementInputs = 0x9u;
   static constexpr unsigned kElementOutputs = 0x1u;
-  static constexpr unsigned kColumnInputs = 0xcu;
+  static constexpr unsigned kColumnInputs = 0x30u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 2;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return k == 0 ? 1 : k == 1 ? 2 : -1; }
   // The value of per-column input k where the call leaves it out (as in at.load_col).
-  AVO_HOST_DEVICE static constexpr float column_default(int k) { return k == 2 ? 1.0f : k == 3 ? 0.0f : 0.0f; }
+  AVO_HOST_DEVICE static constexpr float column_default(int k) { return k == 4 ? 1.0f : k == 5 ? 0.0f : 0.0f; }
 
   // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
   // avo/row_cuda.cuh.
@@ -81,45 +83,32 @@ struct BackwardMath {
   AVO_HOST_DEVICE void apply(const Row& row) const {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
-    float sums_0[2];
-    row.sums(avo::columns<2>, sums_0, [&](const auto& at, float* terms) {
-      const float x = at.load(1);
+    const float mu = row.load_saved(1);
+    const float rstd = row.load_saved(2);
+    float sums_0[3];
+    row.sums(avo::columns<4>, sums_0, [&](const auto& at, float* terms) {
       const float grad_y = at.load(0);
-      const float weight = at.load_col(2, 1.0f);
-      const float swish = x * F::sigmoid(x);
+      const float weight = at.load_col(4, 1.0f);
+      const float x = at.load(3);
       const float term_1 = grad_y * weight;
-      const float term_0 = swish;
-      terms[0] = term_0;
-      terms[1] = term_1;
-    });
-    const float sum_0 = sums_0[0];
-    const float sum_1 = sums_0[1];
-    const float mu = sum_0 / length;
-    float sums_1[3];
-    row.sums(avo::columns<2>, sums_1, [&](const auto& at, float* terms) {
-      const float x = at.load(1);
-      const float grad_y = at.load(0);
-      const float weight = at.load_col(2, 1.0f);
       const float swish = x * F::sigmoid(x);
       const float centered = swish - mu;
-      const float term_0 = centered * centered;
-      const float term_1 = grad_y * weight * centered;
+      const float term_0 = term_1 * centered;
       const float term_2 = centered;
       terms[0] = term_0;
       terms[1] = term_1;
       terms[2] = term_2;
     });
-    const float sum_2 = sums_1[0];
-    const float sum_3 = sums_1[1];
-    const float sum_4 = sums_1[2];
-    const float rstd = F::rsqrt(sum_2 / length + eps);
-    const float r0 = sum_3 * (-0.5f) * (rstd * rstd * rstd) / length;
-    const float t0 = r0 * sum_4;
+    const float sum_0 = sums_0[0];
+    const float sum_1 = sums_0[1];
+    const float sum_2 = sums_0[2];
+    const float r0 = sum_0 * (-0.5f) * (rstd * rstd * rstd) / length;
+    const float t0 = r0 * sum_2;
     const float r1 = (-(rstd * sum_1) - t0 - t0) / length;
-    row.template for_each_with_column_sums<kColumnSums>(avo::columns<2>, [&](const auto& at, float* terms) {
+    row.template for_each_with_column_sums<kColumnSums>(avo::columns<4>, [&](const auto& at, float* terms) {
       const float grad_y = at.load(0);
-      const float weight = at.load_col(2, 1.0f);
-      const float x = at.load(1);
+      const float weight = at.load_col(4, 1.0f);
+      const float x = at.load(3);
       const float t0 = F::sigmoid(x);
       const float swish = x * t0;
       const float centered = swish - mu;

@@ -28,7 +28,12 @@ namespace {
 
 using Forward = at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
                            double);
+// avo::layernorm_forward: y and the per-row mu and rstd (float32) that the backward reads.
+using Saving = std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const std::optional<at::Tensor>&,
+                                                              const std::optional<at::Tensor>&, double);
+// avo::layernorm_backward(grad_y, mu, rstd, x, weight, bias, eps).
 using Backward = std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                                const at::Tensor&, const at::Tensor&,
                                                                 const std::optional<at::Tensor>&,
                                                                 const std::optional<at::Tensor>&, double);
 
@@ -156,8 +161,10 @@ void check_forward(const c10::TypedOperatorHandle<Forward>& layernorm, at::Devic
               c.transposed ? ", x non-contiguous" : "", worst);
 }
 
-// Backward: grad_x, grad_weight, grad_bias against at::native_layer_norm_backward in float64.
-void check_backward(const c10::TypedOperatorHandle<Backward>& layernorm_backward, at::Device device,
+// Backward: the mu and rstd avo::layernorm_forward saves, then grad_x, grad_weight and
+// grad_bias from them, against at::native_layer_norm(_backward) in float64.
+void check_backward(const c10::TypedOperatorHandle<Saving>& layernorm_forward,
+                    const c10::TypedOperatorHandle<Backward>& layernorm_backward, at::Device device,
                     at::ScalarType dtype, const Case& c, bool params) {
   const at::Tensor x = make_x(c, dtype, device);
   const int64_t n = c.shape.back();
@@ -174,8 +181,10 @@ void check_backward(const c10::TypedOperatorHandle<Backward>& layernorm_backward
   const auto [y64, mean, rstd] = at::native_layer_norm(x64, {n}, w64, b64, c.eps);
   const auto [gx64, gw64, gb64] =
       at::native_layer_norm_backward(g64, x64, {n}, mean, rstd, w64, b64, {true, params, params});
-  const auto [gx, gw, gb] = layernorm_backward.call(g, x, params ? std::optional<at::Tensor>(w) : std::nullopt,
-                                                    params ? std::optional<at::Tensor>(b) : std::nullopt, c.eps);
+  const std::optional<at::Tensor> w_given = params ? std::optional<at::Tensor>(w) : std::nullopt;
+  const std::optional<at::Tensor> b_given = params ? std::optional<at::Tensor>(b) : std::nullopt;
+  const auto [y, mu, rs] = layernorm_forward.call(x, w_given, b_given, c.eps);
+  const auto [gx, gw, gb] = layernorm_backward.call(g, mu, rs, x, w_given, b_given, c.eps);
 
   // The sizes of the terms each gradient is a sum or difference of.
   const at::Tensor x_hat = (x64 - mean) * rstd;
@@ -184,7 +193,10 @@ void check_backward(const c10::TypedOperatorHandle<Backward>& layernorm_backward
   const double gx_scale = max_abs(rstd) * max_abs(gw_y) * (2 + max_abs(x_hat));
   const std::string what = "layernorm_backward " + device.str() + " " + dtype_name(dtype) + " x" +
                            shape_text(c.shape) + " " + params_name(params, params);
-  double worst = check(what + " grad_x", gx, gx64, dtype, device, gx_scale);
+  // mean and rstd are [rows, 1] in at::native_layer_norm, [rows] here.
+  double worst = check(what + " mu", mu, mean.view(mu.sizes()), at::kFloat, device, max_abs(x64));
+  worst = std::max(worst, check(what + " rstd", rs, rstd.view(rs.sizes()), at::kFloat, device, max_abs(rstd)));
+  worst = std::max(worst, check(what + " grad_x", gx, gx64, dtype, device, gx_scale));
   if (params) {
     worst = std::max(worst, check(what + " grad_weight", gw, gw64, dtype, device, rows * max_abs(g64 * x_hat)));
     worst = std::max(worst, check(what + " grad_bias", gb, gb64, dtype, device, rows * max_abs(g64)));
@@ -200,6 +212,7 @@ void check_backward(const c10::TypedOperatorHandle<Backward>& layernorm_backward
 // library): backward() through avo::layernorm gives exactly what avo::layernorm_backward
 // computes, for x, weight and bias.
 void check_autograd(const c10::TypedOperatorHandle<Forward>& layernorm,
+                    const c10::TypedOperatorHandle<Saving>& layernorm_forward,
                     const c10::TypedOperatorHandle<Backward>& layernorm_backward, at::Device device) {
   ++checks;
   const at::Tensor x = at::randn({6, 40}).to(device).set_requires_grad(true);
@@ -207,7 +220,8 @@ void check_autograd(const c10::TypedOperatorHandle<Forward>& layernorm,
   const at::Tensor b = at::randn({40}).to(device).set_requires_grad(true);
   const at::Tensor g = at::randn({6, 40}).to(device);
   layernorm.call(x, w, b, 1e-5).backward(g);
-  const auto [gx, gw, gb] = layernorm_backward.call(g, x.detach(), w.detach(), b.detach(), 1e-5);
+  const auto [y, mu, rstd] = layernorm_forward.call(x.detach(), w.detach(), b.detach(), 1e-5);
+  const auto [gx, gw, gb] = layernorm_backward.call(g, mu, rstd, x.detach(), w.detach(), b.detach(), 1e-5);
   const bool same = x.grad().defined() && w.grad().defined() && b.grad().defined() && x.grad().equal(gx) &&
                     w.grad().equal(gw) && b.grad().equal(gb);
   if (!same) fail("layernorm " + device.str() + ": backward() through the op differs from avo::layernorm_backward");
@@ -250,6 +264,7 @@ void check_the_checker() {
 }
 
 void run_device(at::Device device, const c10::TypedOperatorHandle<Forward>& layernorm,
+                const c10::TypedOperatorHandle<Saving>& layernorm_forward,
                 const c10::TypedOperatorHandle<Backward>& layernorm_backward) {
   std::printf("%s:\n", device.str().c_str());
   const std::vector<Case> cases = {
@@ -260,10 +275,10 @@ void run_device(at::Device device, const c10::TypedOperatorHandle<Forward>& laye
     for (const Case& c : cases) check_forward(layernorm, device, dtype, c);
   }
   for (const Case& c : {Case{{3, 5, 37}, 1e-5, false}, Case{{64, 1000}, 1e-5, false}}) {
-    for (bool params : {false, true}) check_backward(layernorm_backward, device, at::kFloat, c, params);
+    for (bool params : {false, true}) check_backward(layernorm_forward, layernorm_backward, device, at::kFloat, c, params);
   }
-  check_backward(layernorm_backward, device, at::kBFloat16, Case{{16, 256}, 1e-5, false}, true);
-  check_autograd(layernorm, layernorm_backward, device);
+  check_backward(layernorm_forward, layernorm_backward, device, at::kBFloat16, Case{{16, 256}, 1e-5, false}, true);
+  check_autograd(layernorm, layernorm_forward, layernorm_backward, device);
   check_error(layernorm, device);
 }
 
@@ -272,9 +287,10 @@ void run_device(at::Device device, const c10::TypedOperatorHandle<Forward>& laye
 int main() {
   at::manual_seed(0);
   auto& dispatcher = c10::Dispatcher::singleton();
-  std::optional<c10::OperatorHandle> forward, backward;
+  std::optional<c10::OperatorHandle> forward, saving, backward;
   try {
     forward = dispatcher.findSchemaOrThrow("avo::layernorm", "");
+    saving = dispatcher.findSchemaOrThrow("avo::layernorm_forward", "");
     backward = dispatcher.findSchemaOrThrow("avo::layernorm_backward", "");
   } catch (const c10::Error& e) {
     std::printf("FAIL avo::layernorm is not registered: libavo_ops was not loaded (link it with "
@@ -282,8 +298,10 @@ int main() {
     return 1;
   }
   std::printf("schema: %s\n", c10::toString(forward->schema()).c_str());
+  std::printf("schema: %s\n", c10::toString(saving->schema()).c_str());
   std::printf("schema: %s\n", c10::toString(backward->schema()).c_str());
   const auto layernorm = forward->typed<Forward>();
+  const auto layernorm_forward = saving->typed<Saving>();
   const auto layernorm_backward = backward->typed<Backward>();
 
   check_the_checker();
@@ -291,7 +309,7 @@ int main() {
     if (!forward->hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
       fail("avo::layernorm has no CPU kernel");
     } else {
-      run_device(at::Device(at::kCPU), layernorm, layernorm_backward);
+      run_device(at::Device(at::kCPU), layernorm, layernorm_forward, layernorm_backward);
     }
 
     const bool cuda_kernel = forward->hasKernelForDispatchKey(c10::DispatchKey::CUDA);
@@ -304,7 +322,7 @@ int main() {
                           : !at::hasCUDA() ? "no GPU found"
                                            : nullptr;
     if (skipped == nullptr) {
-      run_device(at::Device(at::kCUDA, 0), layernorm, layernorm_backward);
+      run_device(at::Device(at::kCUDA, 0), layernorm, layernorm_forward, layernorm_backward);
     } else if (cuda_required) {
       fail(std::string("CUDA part skipped but AVO_TEST_REQUIRE_CUDA=1: ") + skipped);
     } else {

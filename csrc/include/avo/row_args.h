@@ -69,6 +69,11 @@ struct RowView {
     const T* p = static_cast<const T*>(args.inputs[k]);
     return p != nullptr ? Element<T>::to_float(p[r]) : missing;
   }
+  // Per-row value k that the forward saved for the backward (fp32). 0 for a row past the
+  // last (the idle groups of a RegisterRow block).
+  AVO_HOST_DEVICE float load_saved(int k) const {
+    return r < args.rows ? static_cast<const float*>(args.inputs[k])[r] : 0.0f;
+  }
   // The value of per-channel input k for this row's channel, or `missing` when absent.
   AVO_HOST_DEVICE float load_channel(int k, float missing) const {
     const T* p = static_cast<const T*>(args.inputs[k]);
