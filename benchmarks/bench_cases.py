@@ -273,12 +273,18 @@ def swish_layernorm_cases() -> list[Case]:
     ]
 
 
+def twice_first(gradients: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """(grad_x, grad_x, ...): the add ops' backward returns x's gradient once, for x and residual."""
+    return (gradients[0], *gradients)
+
+
 def add_norm_cases() -> list[Case]:
     # Forward: x, residual read; hidden = x + residual and y written; w (, b) read.
     # Backward: grad_hidden, grad_y, x, residual read; grad_x, grad_residual written; w read,
     # dw (, db) written. torch's autograd saves hidden, reads it instead of x and residual,
     # and hands one tensor to both x and residual (returned twice here), so it moves two
-    # full tensors fewer than counted.
+    # full tensors fewer than counted; avo's backward also writes one gradient for both
+    # (returned twice here), one tensor fewer than counted.
     def add_rmsnorm_eager(x, r, w):
         h = x + r
         return h, F.rms_norm(h, (x.shape[-1],), w, RMS_EPS)
@@ -312,7 +318,7 @@ def add_norm_cases() -> list[Case]:
              traffic=Traffic(2, 2, param_read=1)),
         Case("add_rmsnorm", "bwd", randn_inputs(4, params=1, extra=add_rmsnorm_saved),
              avo=lambda gh, gy, x, r, w, h, rstd, rrms:
-                 torch.ops.avo.add_rmsnorm_backward(gh, gy, rrms, x, r, w, RMS_EPS),
+                 twice_first(torch.ops.avo.add_rmsnorm_backward(gh, gy, rrms, x, r, w, RMS_EPS)),
              eager=add_rmsnorm_backward_eager,
              traffic=Traffic(4, 2, param_read=1, param_written=1)),
         Case("add_layernorm", "fwd", randn_inputs(2, params=2),
@@ -321,7 +327,7 @@ def add_norm_cases() -> list[Case]:
              traffic=Traffic(2, 2, param_read=2)),
         Case("add_layernorm", "bwd", randn_inputs(4, params=2, extra=add_layernorm_saved),
              avo=lambda gh, gy, x, r, w, b, h, mean, rstd, mu, rs:
-                 torch.ops.avo.add_layernorm_backward(gh, gy, mu, rs, x, r, w, b, LN_EPS),
+                 twice_first(torch.ops.avo.add_layernorm_backward(gh, gy, mu, rs, x, r, w, b, LN_EPS)),
              eager=add_layernorm_backward_eager,
              traffic=Traffic(4, 2, param_read=1, param_written=2)),
     ]

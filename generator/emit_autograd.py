@@ -80,7 +80,8 @@ def _function(s: OpSchedule) -> list[str]:
         lines.append(f"    const torch::autograd::variable_list gradients = {{{gradients}}};")
     else:
         lines.append(f"    const torch::autograd::variable_list gradients = avo::autograd::as_list({gradients});")
-    returned = [f"avo::autograd::sum_to_input(gradients[{k}], saved[{k}])" for k in range(len(inputs))]
+    # An input whose gradient another's equals gets that tensor (add_layernorm's residual, x's).
+    returned = [f"avo::autograd::sum_to_input(gradients[{o}], saved[{k}])" for k, o in enumerate(s.gradient_outputs)]
     returned += ["at::Tensor()"] * len(attrs)  # attributes have no gradient
     lines += [f"    return {{{', '.join(returned)}}};", "  }", "};", ""]
     first = "Function::apply(" + arg_names + ")"

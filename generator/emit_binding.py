@@ -129,7 +129,7 @@ def emit_binding(s: OpSchedule) -> str:
 
     def impl(kernel, device, saving):
         if s.pattern == "row":
-            return _row_impl(kernel, device, s.forward.inputs, saving)
+            return _row_impl(kernel, device, s, saving)
         return _map_impl(kernel, device)
 
     for kernel, saving in registered:
@@ -167,7 +167,7 @@ DOMAIN_ENUM = {"elem": "avo::binding::Domain::Elem", "col": "avo::binding::Domai
                "saved": "avo::binding::Domain::Saved"}
 
 
-def _row_impl(kernel, device: str, spec_inputs, saving: bool = False) -> list[str]:
+def _row_impl(kernel, device: str, s: OpSchedule, saving: bool = False) -> list[str]:
     op = f"{kernel.namespace}::{kernel.op_name(saving)}"
     lines = _impl_start(kernel, device, saving)
     named = ", ".join(
@@ -177,7 +177,8 @@ def _row_impl(kernel, device: str, spec_inputs, saving: bool = False) -> list[st
     if kernel.role == "forward":  # the saved values only for <op>_forward
         wanted = ", ".join("true" if saving or o.domain != "saved" else "false" for o in kernel.outputs)
     else:  # the gradient of a missing optional input is not computed
-        wanted = ", ".join(f"{i.name}.has_value()" if i.optional else "true" for i in spec_inputs)
+        owners = [s.forward.inputs[s.gradient_outputs.index(k)] for k in range(len(kernel.outputs))]
+        wanted = ", ".join(f"{i.name}.has_value()" if i.optional else "true" for i in owners)
     n_in, n_out = len(kernel.inputs), len(kernel.outputs)
     channel_op = channels_first(kernel)
     lines.append(f'  auto call = avo::binding::prepare_rows<{n_in}, {n_out}>("{op}", {{{{{named}}}}}, {{{{{domains}}}}}, '

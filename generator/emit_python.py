@@ -31,7 +31,8 @@ def _params(kernel: MapKernel, annotate: bool) -> str:
     return ", ".join(out)
 
 
-def _fake(kernel: MapKernel, saving: bool = False) -> list[str]:
+def _fake(kernel: MapKernel, saving: bool = False, owners=()) -> list[str]:
+    """`owners`: for a row backward, the op input whose gradient each output is."""
     op = f"{kernel.namespace}::{kernel.op_name(saving)}"
     lines = [f'@torch.library.register_fake("{op}")', f"def _{kernel.op_name(saving)}_fake({_params(kernel, False)}):"]
     for a in kernel.op.attrs:
@@ -43,7 +44,7 @@ def _fake(kernel: MapKernel, saving: bool = False) -> list[str]:
             outputs = ", ".join(f'("{o.domain}", True)' for o in returned_outputs(kernel, saving))
         else:  # no gradient for a missing optional input
             outputs = ", ".join(f'("{o.domain}", {i.name} is not None)' if i.optional else f'("{o.domain}", True)'
-                                for o, i in zip(kernel.outputs, kernel.op.inputs))
+                                for o, i in zip(kernel.outputs, owners))
         channels = ", channels_first=True" if channels_first(kernel) else ""
         lines += [f'    return _runtime.row_fake("{op}", {{{named}}}, [{outputs}]{channels})', "", ""]
         return lines
@@ -63,16 +64,18 @@ def emit_python(s: OpSchedule) -> str:
     lines = [header_comment(spec.path, "#").rstrip("\n"), f'"""The generated glue of {ns}::{name} (see {spec.path})."""',
              "from __future__ import annotations", "", "import torch", "", "from avo_ops import _runtime", "",
              f'__all__ = ["{name}", "{cls}"]', "", ""]
-    lines += [line for kernel, saving in s.registrations for line in _fake(kernel, saving)]
+    owners = [spec.inputs[s.gradient_outputs.index(k)] for k in range(len(bwd.outputs))]
+    lines += [line for kernel, saving in s.registrations for line in _fake(kernel, saving, owners)]
 
     all_inputs = ", ".join(tensor_names + attr_names)
     saved = list(s.saved)
     lines += [f"def _backward(ctx, {', '.join(grad_outputs)}):",
               f"    {', '.join(tensor_names + saved)}{',' if len(tensor_names + saved) == 1 else ''} = ctx.saved_tensors"]
     call_args = ", ".join(grad_outputs + saved + tensor_names + [f"ctx.{a}" for a in attr_names])
-    grads = [f"grad_{n}" for n in tensor_names]
+    grads = [f"grad_{i.name}" for i in owners]  # one per backward output
     lines.append(f"    {', '.join(grads)} = torch.ops.{ns}.{bwd.registered_name}({call_args})")
-    returned = [f"_runtime.reduce_grad(grad_{n}, {n})" for n in tensor_names] + ["None"] * len(attr_names)
+    returned = [f"_runtime.reduce_grad({grads[o]}, {n})" for n, o in zip(tensor_names, s.gradient_outputs)]
+    returned += ["None"] * len(attr_names)
     lines += [f"    return {', '.join(returned)}", "", ""]
 
     # torch.ops.<ns>.<op> is differentiable by itself (its Autograd kernel is C++:

@@ -108,6 +108,9 @@ class RowKernel(KernelNames):
     scalars: tuple[tuple[str, str], ...]
     graphs: tuple[tuple[Specialization, Graph], ...]
     namespace: str
+    # A backward's output holding the gradient of each input of the op, in order; two
+    # inputs whose gradients are the same expression share one (see _shared_gradients).
+    gradient_outputs: tuple[int, ...] = ()
 
     @property
     def column_outputs(self) -> tuple[int, ...]:
@@ -143,6 +146,12 @@ class OpSchedule:
     def saved(self) -> tuple[str, ...]:
         """The per-row values the forward saves for the backward (row ops; none for maps)."""
         return self.forward.saved if isinstance(self.forward, RowKernel) else ()
+
+    @property
+    def gradient_outputs(self) -> tuple[int, ...]:
+        """For each input of the op, the backward output that holds its gradient."""
+        shared = getattr(self.backward, "gradient_outputs", ())
+        return shared or tuple(range(len(self.spec.inputs)))
 
     @property
     def registrations(self) -> list[tuple["MapKernel | RowKernel", bool]]:
@@ -245,11 +254,28 @@ def _schedule_rows(spec: OpSpec, namespace: str, variants) -> OpSchedule:
     forward = RowKernel(spec, "forward", inputs, outputs + saved_outputs, scalars, forward_graphs, namespace)
     grad_inputs = tuple(KernelInput(grad_name(o.name), False, None, o.domain) for o in outputs)
     saved_inputs = tuple(KernelInput(name, False, None, "saved") for name in saved)
-    grad_outputs = tuple(KernelOutput(grad_name(i.name), i.domain) for i in inputs)
+    sources = _shared_gradients(inputs, backward_graphs)
+    grad_outputs = tuple(KernelOutput(grad_name(i.name), i.domain) for k, i in enumerate(inputs) if sources[k] == k)
+    gradient_outputs = tuple(sorted(set(sources)).index(source) for source in sources)
     # The saved values come before the inputs, whose optional ones (with their defaults) end the list.
     backward = RowKernel(spec, "backward", grad_inputs + saved_inputs + inputs, grad_outputs, scalars, backward_graphs,
-                         namespace)
+                         namespace, gradient_outputs)
     return OpSchedule(spec, "row", variants, forward, backward)
+
+
+def _shared_gradients(inputs: tuple[KernelInput, ...], backward_graphs) -> list[int]:
+    """For each input, the first input with the same gradient: add_layernorm's residual
+    gets x's (both are grad_hidden + the gradient through y). The backward writes such a
+    gradient once and autograd hands the tensor to both inputs, as torch's own add does:
+    one full tensor fewer written. Only required per-element inputs share, and only
+    where the gradients are the same node in every specialization."""
+    sources = []
+    for k, i in enumerate(inputs):
+        same = [j for j in range(k) if sources[j] == j and not i.optional and not inputs[j].optional
+                and i.domain == inputs[j].domain == "elem"
+                and all(g.results[grad_name(i.name)] is g.results[grad_name(inputs[j].name)] for _, g in backward_graphs)]
+        sources.append(same[0] if same else k)
+    return sources
 
 
 def _save_row_values(forward_graphs, backward_graphs):

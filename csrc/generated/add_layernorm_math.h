@@ -74,11 +74,11 @@ struct BackwardMath {
   // Which inputs and outputs are per element, and which inputs per column (bit k:
   // input or output k).
   static constexpr unsigned kElementInputs = 0x33u;
-  static constexpr unsigned kElementOutputs = 0x3u;
+  static constexpr unsigned kElementOutputs = 0x1u;
   static constexpr unsigned kColumnInputs = 0xc0u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 2;
-  AVO_HOST_DEVICE static constexpr int column_output(int k) { return k == 0 ? 2 : k == 1 ? 3 : -1; }
+  AVO_HOST_DEVICE static constexpr int column_output(int k) { return k == 0 ? 1 : k == 1 ? 2 : -1; }
   // The value of per-column input k where the call leaves it out (as in at.load_col).
   AVO_HOST_DEVICE static constexpr float column_default(int k) { return k == 6 ? 1.0f : k == 7 ? 0.0f : 0.0f; }
 
@@ -122,10 +122,8 @@ struct BackwardMath {
       const float t0 = r0 * centered;
       const float grad_x = grad_hidden + (grad_y * weight * rstd + t0 + t0) + r1;
       const float term_0 = grad_y * (centered * rstd);
-      const float grad_residual = grad_x;
       const float term_1 = grad_y;
       at.store(0, grad_x);
-      at.store(1, grad_residual);
       terms[0] = term_0;
       terms[1] = term_1;
     });

@@ -61,11 +61,11 @@ struct BackwardMath {
   // Which inputs and outputs are per element, and which inputs per column (bit k:
   // input or output k).
   static constexpr unsigned kElementInputs = 0x1bu;
-  static constexpr unsigned kElementOutputs = 0x3u;
+  static constexpr unsigned kElementOutputs = 0x1u;
   static constexpr unsigned kColumnInputs = 0x20u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 1;
-  AVO_HOST_DEVICE static constexpr int column_output(int k) { return k == 0 ? 2 : -1; }
+  AVO_HOST_DEVICE static constexpr int column_output(int k) { return k == 0 ? 1 : -1; }
   // The value of per-column input k where the call leaves it out (as in at.load_col).
   AVO_HOST_DEVICE static constexpr float column_default(int k) { return k == 5 ? 1.0f : 0.0f; }
 
@@ -96,9 +96,7 @@ struct BackwardMath {
       const float t0 = r0 * hidden;
       const float grad_x = grad_hidden + grad_y * weight * rrms + t0 + t0;
       const float term_0 = grad_y * (hidden * rrms);
-      const float grad_residual = grad_x;
       at.store(0, grad_x);
-      at.store(1, grad_residual);
       terms[0] = term_0;
     });
   }

@@ -54,7 +54,7 @@ const auto& forward_saving_op() {
 }
 
 const auto& backward_op() {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_layernorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_layernorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
   return op;
 }
 
@@ -72,7 +72,7 @@ class Function : public torch::autograd::Function<Function> {
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], grads[1], saved[4], saved[5], saved[0], saved[1], avo::autograd::present(saved[2]), avo::autograd::present(saved[3]), ctx->saved_data["eps"].toDouble()));
-    return {avo::autograd::sum_to_input(gradients[0], saved[0]), avo::autograd::sum_to_input(gradients[1], saved[1]), avo::autograd::sum_to_input(gradients[2], saved[2]), avo::autograd::sum_to_input(gradients[3], saved[3]), at::Tensor()};
+    return {avo::autograd::sum_to_input(gradients[0], saved[0]), avo::autograd::sum_to_input(gradients[0], saved[1]), avo::autograd::sum_to_input(gradients[1], saved[2]), avo::autograd::sum_to_input(gradients[2], saved[3]), at::Tensor()};
   }
 };
 
@@ -88,7 +88,7 @@ std::tuple<at::Tensor, at::Tensor> autograd_kernel(const at::Tensor& x, const at
 // The backward has no derivative of its own: a call that would record a graph (a double
 // backward, create_graph=True) raises, where torch's fallback would warn and let no
 // second derivative reach the inputs.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
   TORCH_CHECK(!avo::autograd::needs_grad(grad_hidden, grad_y, mu, rstd, x, residual, weight, bias), "avo::add_layernorm_backward is not differentiable: "
               "avo::add_layernorm has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -121,7 +121,7 @@ const auto& forward_saving_op() {
 }
 
 const auto& backward_op() {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_rmsnorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double)>();
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_rmsnorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double)>();
   return op;
 }
 
@@ -139,7 +139,7 @@ class Function : public torch::autograd::Function<Function> {
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], grads[1], saved[3], saved[0], saved[1], avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble()));
-    return {avo::autograd::sum_to_input(gradients[0], saved[0]), avo::autograd::sum_to_input(gradients[1], saved[1]), avo::autograd::sum_to_input(gradients[2], saved[2]), at::Tensor()};
+    return {avo::autograd::sum_to_input(gradients[0], saved[0]), avo::autograd::sum_to_input(gradients[0], saved[1]), avo::autograd::sum_to_input(gradients[1], saved[2]), at::Tensor()};
   }
 };
 
@@ -155,7 +155,7 @@ std::tuple<at::Tensor, at::Tensor> autograd_kernel(const at::Tensor& x, const at
 // The backward has no derivative of its own: a call that would record a graph (a double
 // backward, create_graph=True) raises, where torch's fallback would warn and let no
 // second derivative reach the inputs.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& rrms, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
+std::tuple<at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& rrms, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
   TORCH_CHECK(!avo::autograd::needs_grad(grad_hidden, grad_y, rrms, x, residual, weight), "avo::add_rmsnorm_backward is not differentiable: "
               "avo::add_rmsnorm has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
