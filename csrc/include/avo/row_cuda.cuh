@@ -244,6 +244,14 @@ constexpr int kRowVectors = Math::kColumnSums > 0 ? 2 : 4;
 template <typename Math>
 constexpr int kMaxGroupThreads = Math::kColumnSums > 0 || (Math::kElementInputs & (Math::kElementInputs - 1)) ? 512 : 1024;
 
+// Blocks of a RegisterRow kernel that must fit on a multiprocessor together: two of 512
+// threads (64 registers a thread) where the threads keep no per-column sums, so that one
+// block's loads overlap the other's reductions. Left free, ptxas gave the fp32 forwards of
+// add_layernorm and add_rmsnorm 82-97 registers (one block); capped, they need 64 and
+// spill nothing. The backwards' column sums do not fit 64 registers (they would spill).
+template <typename Math>
+constexpr int kRowBlocksPerSM = kMaxGroupThreads<Math> <= 512 && Math::kColumnSums == 0 ? 2 : 1;
+
 // A row held in registers by a group of threads (see the top of this file); with
 // kClustered the group is every thread of a thread-block cluster.
 template <typename T, typename Args, typename Math, int V, bool kClustered = false>
@@ -669,7 +677,7 @@ __device__ __forceinline__ void write_partials(const Args& args, const float (&s
 // Groups of `group_threads` take rows; with per-column sums, group c of the grid takes
 // chunk c and keeps its columns' sums in registers until the chunk is done.
 template <typename T, typename Args, typename Math, int V>
-__global__ void __launch_bounds__(kMaxGroupThreads<Math>) register_row_kernel(const Args args, const Math math,
+__global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math>) register_row_kernel(const Args args, const Math math,
                                                                         int group_threads) {
   using Row = RegisterRow<T, Args, Math, V>;
   const int groups = blockDim.x / group_threads;
@@ -694,7 +702,7 @@ __global__ void __launch_bounds__(kMaxGroupThreads<Math>) register_row_kernel(co
 // vectors i * (C * B) + rank * B + t, as RegisterRow does for a group of C * B threads.
 // Cluster q takes rows q, q + clusters, ...; with per-column sums cluster c takes chunk c.
 template <typename T, typename Args, typename Math, int V>
-__global__ void __launch_bounds__(kMaxGroupThreads<Math>) cluster_row_kernel(const Args args, const Math math) {
+__global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math>) cluster_row_kernel(const Args args, const Math math) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Row = RegisterRow<T, Args, Math, V, true>;
   namespace cg = cooperative_groups;
