@@ -249,8 +249,10 @@ constexpr int kMaxGroupThreads = Math::kColumnSums > 0 || (Math::kElementInputs 
 // block's loads overlap the other's reductions. Left free, ptxas gave the fp32 forwards of
 // add_layernorm and add_rmsnorm 82-97 registers (one block); capped, they need 64 and
 // spill nothing. The backwards' column sums do not fit 64 registers (they would spill).
+// 0 sets no minimum: an explicit 1 is not the same as none, it let ptxas take up to 90
+// registers for rmsnorm's backward (60 without it), one block where there were two.
 template <typename Math>
-constexpr int kRowBlocksPerSM = kMaxGroupThreads<Math> <= 512 && Math::kColumnSums == 0 ? 2 : 1;
+constexpr int kRowBlocksPerSM = kMaxGroupThreads<Math> <= 512 && Math::kColumnSums == 0 ? 2 : 0;
 
 // A row held in registers by a group of threads (see the top of this file); with
 // kClustered the group is every thread of a thread-block cluster.
