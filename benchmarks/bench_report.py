@@ -81,7 +81,9 @@ def merge_baselines(results: dict, other: dict) -> dict:
                 merged[impl] = value
         rows.append({**row, "results": merged, "speedup_vs_best_other": speedup(merged)})
     source = {k: other.get(k) for k in ("date", "command", "avo_ops_commit", "copy_gbps", "liger")}
-    impls = [i for i in IMPLS if i in set(results.get("impls") or []) | set(other.get("impls") or [])]
+    own = set(results.get("impls") or [])
+    source["impls"] = [i for i in IMPLS if i not in own and i in set(other.get("impls") or [])]
+    impls = [i for i in IMPLS if i in own | set(other.get("impls") or [])]
     return {**results, "rows": rows, "impls": impls, "baselines_from": source}
 
 
@@ -236,7 +238,8 @@ def markdown_report(results: dict) -> str:
     ]
     source = results.get("baselines_from")
     if source:
-        lines += [f"The {', '.join(i for i in impls if i not in ('avo', 'eager'))} columns come from another run "
+        taken = source.get("impls") or [i for i in impls if i not in ("avo", "eager")]
+        lines += [f"The {', '.join(taken)} columns come from another run "
                   f"of the same cases on this GPU ({source.get('date')}, avo_ops {source.get('avo_ops_commit')}, "
                   f"copy {source.get('copy_gbps') or 0:.0f} GB/s): `{source.get('command')}`.", ""]
     if results.get("complete") is False:

@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import bench_cases  # noqa: E402
 import bench_host_overhead  # noqa: E402
+import merge_runs  # noqa: E402
 import bench_ops  # noqa: E402
 import bench_report  # noqa: E402
 import compare_runs  # noqa: E402
@@ -294,3 +295,21 @@ def test_compare_runs_divides_by_each_runs_copy_and_takes_the_geomean(tmp_path):
     assert "| layernorm | fwd | bf16 | 2x16 | 0.25 | 0.12 | 0.500 |" in text
     assert "| layernorm | fwd | 2 | 1.000 | 0.500 | 2.000 |" in text
     assert "gelu" not in text
+
+
+def test_merge_runs_keeps_each_runs_fractions_in_case_order_and_rejects_a_case_twice(tmp_path):
+    """Runs of different cases become one file: rows in bench_cases order (layernorm's
+    forward before its backward, gelu before both), each with its own run's fraction of
+    copy; a case measured by two runs is an error, not a silent choice."""
+    fwd, bwd, gelu = ("layernorm", "fwd", "bf16", (4, 8)), ("layernorm", "bwd", "bf16", (4, 8)), ("gelu", "fwd", "bf16", (4, 8))
+    first = json.loads(open(_run_json(tmp_path / "a.json", 4000.0, {bwd: 2000.0, fwd: 1000.0})).read())
+    second = json.loads(open(_run_json(tmp_path / "b.json", 2000.0, {gelu: 1500.0})).read())
+    for run in (first, second):
+        run.update(command="bench", impls=["avo"], copy=[{"gbps": run["copy_gbps"]}])
+    merged = merge_runs.merge([first, second], ["a.json", "b.json"])
+    assert [(r["op"], r["dir"]) for r in merged["rows"]] == [("gelu", "fwd"), ("layernorm", "fwd"), ("layernorm", "bwd")]
+    assert [r["results"]["avo"]["frac_copy"] for r in merged["rows"]] == [0.75, 0.25, 0.5]
+    assert merged["copy_gbps"] == 3000.0 and len(merged["copy"]) == 2
+    assert [m["file"] for m in merged["merged_from"]] == ["a.json", "b.json"]
+    with pytest.raises(ValueError, match="is in both a.json and b.json"):
+        merge_runs.merge([first, first], ["a.json", "b.json"])
