@@ -177,8 +177,7 @@ def _row_impl(kernel, device: str, s: OpSchedule, saving: bool = False) -> list[
     if kernel.role == "forward":  # the saved values only for <op>_forward
         wanted = ", ".join("true" if saving or o.domain != "saved" else "false" for o in kernel.outputs)
     else:  # the gradient of a missing optional input is not computed
-        owners = [s.forward.inputs[s.gradient_outputs.index(k)] for k in range(len(kernel.outputs))]
-        wanted = ", ".join(f"{i.name}.has_value()" if i.optional else "true" for i in owners)
+        wanted = ", ".join(f"{i.name}.has_value()" if i.optional else "true" for i in s.gradient_owners)
     n_in, n_out = len(kernel.inputs), len(kernel.outputs)
     channel_op = channels_first(kernel)
     lines.append(f'  auto call = avo::binding::prepare_rows<{n_in}, {n_out}>("{op}", {{{{{named}}}}}, {{{{{domains}}}}}, '

@@ -64,7 +64,7 @@ def emit_python(s: OpSchedule) -> str:
     lines = [header_comment(spec.path, "#").rstrip("\n"), f'"""The generated glue of {ns}::{name} (see {spec.path})."""',
              "from __future__ import annotations", "", "import torch", "", "from avo_ops import _runtime", "",
              f'__all__ = ["{name}", "{cls}"]', "", ""]
-    owners = [spec.inputs[s.gradient_outputs.index(k)] for k in range(len(bwd.outputs))]
+    owners = s.gradient_owners
     lines += [line for kernel, saving in s.registrations for line in _fake(kernel, saving, owners)]
 
     all_inputs = ", ".join(tensor_names + attr_names)

@@ -154,6 +154,11 @@ class OpSchedule:
         return shared or tuple(range(len(self.spec.inputs)))
 
     @property
+    def gradient_owners(self) -> list[KernelInput]:
+        """For each backward output, the (first) input of the op whose gradient it is."""
+        return [self.forward.inputs[self.gradient_outputs.index(k)] for k in range(len(self.backward.outputs))]
+
+    @property
     def registrations(self) -> list[tuple["MapKernel | RowKernel", bool]]:
         """(kernel, saving) of each registered op: the op, its saving forward (<op>_forward)
         where the forward saves values, the backward."""

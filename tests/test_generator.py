@@ -858,3 +858,28 @@ def test_cuda_sources_include_no_torch_headers(generated):
                 else:
                     assert header.startswith(("avo/", "cuda")) or "/" not in header and "." not in header, (path, header)
         assert len(seen) >= 3, seen  # the .cu, <op>.h and <op>_math.h
+
+
+def test_row_schedule_saves_the_statistics_and_shares_equal_gradients():
+    """add_layernorm: the forward also returns mu and rstd (fp32, per row) through
+    add_layernorm_forward, the backward takes them after the gradients, and x and
+    residual (whose gradients are one expression) share one gradient output."""
+    with open(REPO / "specs" / "add_layernorm.yaml", encoding="utf-8") as f:
+        s = schedule(parse(f.read(), "specs/add_layernorm.yaml"))
+    assert s.saved == ("mu", "rstd")
+    assert [(o.name, o.domain) for o in s.forward.outputs] == [
+        ("hidden", "elem"), ("y", "elem"), ("mu", "saved"), ("rstd", "saved")]
+    assert [(i.name, i.domain) for i in s.backward.inputs] == [
+        ("grad_hidden", "elem"), ("grad_y", "elem"), ("mu", "saved"), ("rstd", "saved"), ("x", "elem"),
+        ("residual", "elem"), ("weight", "col"), ("bias", "col")]
+    assert [o.name for o in s.backward.outputs] == ["grad_x", "grad_weight", "grad_bias"]
+    assert s.gradient_outputs == (0, 0, 1, 2)
+    assert [i.name for i in s.gradient_owners] == ["x", "weight", "bias"]
+    assert [(k.op_name(saving), saving) for k, saving in s.registrations] == [
+        ("add_layernorm", False), ("add_layernorm_forward", True), ("add_layernorm_backward", False)]
+
+
+def test_elementwise_schedule_saves_nothing_and_keeps_one_gradient_per_input():
+    s = load_and_schedule(COMPLETE_SPEC)
+    assert s.saved == () and s.gradient_outputs == (0, 1, 2)
+    assert [saving for _, saving in s.registrations] == [False, False]
