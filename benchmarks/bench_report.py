@@ -238,8 +238,7 @@ def markdown_report(results: dict) -> str:
     ]
     source = results.get("baselines_from")
     if source:
-        taken = source.get("impls") or [i for i in impls if i not in ("avo", "eager")]
-        lines += [f"The {', '.join(taken)} columns come from another run "
+        lines += [f"The {', '.join(source['impls'])} columns come from another run "
                   f"of the same cases on this GPU ({source.get('date')}, avo_ops {source.get('avo_ops_commit')}, "
                   f"copy {source.get('copy_gbps') or 0:.0f} GB/s): `{source.get('command')}`.", ""]
     if results.get("complete") is False:

@@ -8,8 +8,8 @@ attributes and one incoming gradient `grad_<output>` per output. The result is a
 from __future__ import annotations
 
 from .errors import SpecError
-from .ir import (REDUCTION_OPS, Graph, Node, base_env, colsum, const, lower_forward, lower_gradient_override,
-                 make, reduce, reduced_dim, shape_domain, tensor, topological_order, with_args)
+from .ir import (Graph, Node, base_env, colsum, const, lower_forward, lower_gradient_override, make, reduce,
+                 reduced_dim, reduction_depth, shape_domain, tensor, topological_order, with_args)
 from .model import OpSpec
 
 TWO_OVER_SQRT_PI = 1.1283791670955126
@@ -150,10 +150,8 @@ def saved_row_values(forward: Graph, backward: Graph) -> tuple[Graph, dict[str, 
     The largest such values are taken, so that layernorm saves rstd, not the sum of
     squares inside it."""
     order = topological_order(forward.results.values())
-    reduces: dict[int, bool] = {}
-    for node in order:
-        reduces[id(node)] = node.op in REDUCTION_OPS or any(reduces[id(a)] for a in node.args)
-    computed = {id(n): n for n in order if n.domain == "row" and reduces[id(n)]}
+    depth: dict[int, int] = {}
+    computed = {id(n): n for n in order if n.domain == "row" and reduction_depth(n, depth) > 0}
     used: set[int] = set()
     seen: set[int] = set()
     stack = list(backward.results.values())

@@ -61,10 +61,13 @@ def _launch_args(kernel: MapKernel) -> str:
 def _impl_start(kernel, device: str, saving: bool = False) -> list[str]:
     """The implementation's signature, then its string attributes parsed into enums."""
     lines = [f"{_return_type(kernel, saving)} {impl_name(kernel, device, saving)}({_cpp_params(kernel)}) {{"]
-    for a in kernel.op.attrs:
-        if a.type == "str":
-            lines.append(f'  const {enum_name(a.name)} {a.name}_choice = parse_{a.name}("{kernel.qualified_name}", {a.name});')
-    return lines
+    return lines + _parse_choices(kernel, f'"{kernel.qualified_name}"')
+
+
+def _parse_choices(kernel, op: str) -> list[str]:
+    """The string attributes parsed into enums; `op` (a C++ expression) names the op in errors."""
+    return [f"  const {enum_name(a.name)} {a.name}_choice = parse_{a.name}({op}, {a.name});"
+            for a in kernel.op.attrs if a.type == "str"]
 
 
 def _cuda_launch(kernel, args: str, extra: str) -> list[str]:
@@ -168,20 +171,47 @@ DOMAIN_ENUM = {"elem": "avo::binding::Domain::Elem", "col": "avo::binding::Domai
 
 
 def _row_impl(kernel, device: str, s: OpSchedule, saving: bool = False) -> list[str]:
-    op = f"{kernel.namespace}::{kernel.op_name(saving)}"
-    lines = _impl_start(kernel, device, saving)
+    """The implementation of a row op, its backward, or its saving forward (<op>_forward).
+    A forward that saves values runs once for both registered ops (`<role>_<device>_outputs`,
+    emitted with the op's own implementation); each returns the outputs it has."""
+    if kernel.role == "forward" and s.saved:
+        run = f"forward_{device}_outputs"
+        count = len(returned_outputs(kernel, saving))
+        returned = "returned" if count == len(kernel.outputs) else f"returned<{count}>"
+        args = ", ".join([f'"{kernel.namespace}::{kernel.op_name(saving)}"', "true" if saving else "false"]
+                         + [i.name for i in kernel.inputs] + [a.name for a in kernel.op.attrs])
+        lines = [] if saving else _row_outputs_function(kernel, device, run)
+        return lines + _impl_start(kernel, device, saving)[:1] + [
+            f"  auto outputs = {run}({args});", f"  return avo::binding::{returned}(outputs);", "}", ""]
+    if kernel.role == "forward":
+        wanted = ", ".join("true" for _ in kernel.outputs)
+    else:  # the gradient of a missing optional input is not computed
+        wanted = ", ".join(f"{i.name}.has_value()" if i.optional else "true" for i in s.gradient_owners)
+    lines = _impl_start(kernel, device) + _row_call(kernel, device, f'"{kernel.qualified_name}"', wanted)
+    return lines + ["  return avo::binding::returned(call.outputs);", "}", ""]
+
+
+def _row_outputs_function(kernel, device: str, name: str) -> list[str]:
+    """Every output of a forward that saves values; the saved ones only with `saving`."""
+    params = ", ".join(["const char* op", "bool saving", _cpp_params(kernel)])
+    wanted = ", ".join("saving" if o.domain == "saved" else "true" for o in kernel.outputs)
+    lines = [f"// The outputs of {kernel.qualified_name}, and with `saving` the values its backward reads.",
+             f"std::array<at::Tensor, {len(kernel.outputs)}> {name}({params}) {{"]
+    lines += _parse_choices(kernel, "op") + _row_call(kernel, device, "op", wanted)
+    return lines + ["  return call.outputs;", "}", ""]
+
+
+def _row_call(kernel, device: str, op: str, wanted: str) -> list[str]:
+    """The body of a row implementation up to its return: arguments checked, outputs made,
+    kernels run; `op` (a C++ expression) names the op in errors."""
     named = ", ".join(
         (f'{{"{i.name}", {i.name}.has_value() ? &*{i.name} : nullptr, {DOMAIN_ENUM[i.domain]}}}' if i.optional
          else f'{{"{i.name}", &{i.name}, {DOMAIN_ENUM[i.domain]}}}') for i in kernel.inputs)
     domains = ", ".join(DOMAIN_ENUM[o.domain] for o in kernel.outputs)
-    if kernel.role == "forward":  # the saved values only for <op>_forward
-        wanted = ", ".join("true" if saving or o.domain != "saved" else "false" for o in kernel.outputs)
-    else:  # the gradient of a missing optional input is not computed
-        wanted = ", ".join(f"{i.name}.has_value()" if i.optional else "true" for i in s.gradient_owners)
     n_in, n_out = len(kernel.inputs), len(kernel.outputs)
     channel_op = channels_first(kernel)
-    lines.append(f'  auto call = avo::binding::prepare_rows<{n_in}, {n_out}>("{op}", {{{{{named}}}}}, {{{{{domains}}}}}, '
-                 f"{{{{{wanted}}}}}, kColumnSums{', /*channels_first=*/true' if channel_op else ''});")
+    lines = [f'  auto call = avo::binding::prepare_rows<{n_in}, {n_out}>({op}, {{{{{named}}}}}, {{{{{domains}}}}}, '
+             f"{{{{{wanted}}}}}, kColumnSums{', /*channels_first=*/true' if channel_op else ''});"]
     extra = _extra_launch_args(kernel)
     lines.append("  const auto& args = call.args;")
     if device == "cpu":
@@ -197,7 +227,4 @@ def _row_impl(kernel, device: str, s: OpSchedule, saving: bool = False) -> list[
         lines += _cuda_launch(kernel, "args", extra)
     if any(o.domain == "chan" for o in kernel.outputs):
         lines.append(f"  avo::binding::finish_channel_outputs(call, {kernel.inputs[0].name}.scalar_type());")
-    count = len(returned_outputs(kernel, saving))
-    returned = "returned" if count == len(kernel.outputs) else f"returned<{count}>"
-    lines += [f"  return avo::binding::{returned}(call.outputs);", "}", ""]
     return lines

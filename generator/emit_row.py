@@ -18,7 +18,7 @@ import textwrap
 
 from .emit_c import StatementPrinter, float_literal
 from .emit_kernels import bitmask, entry_points, enum_name, header_comment, launcher_params
-from .ir import REDUCTION_OPS, Graph, Node, const, make, reduce, topological_order, with_args
+from .ir import REDUCTION_OPS, Graph, Node, const, make, reduce, reduction_depth, topological_order, with_args
 from .schedule import OpSchedule, RowKernel, Specialization
 from .tuning import DTYPES as TUNING_DTYPES, TABLES as TUNING_TABLES, ArchTuning
 
@@ -43,15 +43,6 @@ def rewrite_bottom_up(results: dict[str, Node], step) -> dict[str, Node]:
 def strip_no_grad(node: Node, memo: dict[int, Node]) -> Node:
     """The same expression without no_grad markers (they only matter to autodiff)."""
     return rewrite_node(node, lambda n: n.args[0] if n.op == "no_grad" else n, memo)
-
-
-def reduction_depth(node: Node, memo: dict[int, int]) -> int:
-    """The longest chain of reductions in `node` (its own included): the pass over the
-    row that can compute it, counting from 1; 0 for what needs no reduction."""
-    if id(node) not in memo:
-        below = max((reduction_depth(a, memo) for a in node.args), default=0)
-        memo[id(node)] = below + 1 if node.op in REDUCTION_OPS else below
-    return memo[id(node)]
 
 
 def _row_factor(node: Node) -> tuple[Node, Node]:

@@ -222,6 +222,15 @@ def reduce(op: str, arg: Node, dimension: str) -> Node:
     return Node.make(op, (arg,), value=dimension)
 
 
+def reduction_depth(node: Node, memo: dict[int, int]) -> int:
+    """The longest chain of reductions in `node` (its own included): the pass over the
+    row that can compute it, counting from 1; 0 for what needs no reduction."""
+    if id(node) not in memo:
+        below = max((reduction_depth(a, memo) for a in node.args), default=0)
+        memo[id(node)] = below + 1 if node.op in REDUCTION_OPS else below
+    return memo[id(node)]
+
+
 def with_args(node: Node, args: tuple[Node, ...]) -> Node:
     """`node` with new arguments (the node itself when they are the same)."""
     if all(a is b for a, b in zip(args, node.args)):

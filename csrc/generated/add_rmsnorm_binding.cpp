@@ -18,26 +18,26 @@
 namespace avo::ops::add_rmsnorm {
 namespace {
 
-std::tuple<at::Tensor, at::Tensor> forward_cpu_impl(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
-  auto call = avo::binding::prepare_rows<3, 3>("avo::add_rmsnorm", {{{"x", &x, avo::binding::Domain::Elem}, {"residual", &residual, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Elem, avo::binding::Domain::Saved}}, {{true, true, false}}, kColumnSums);
+// The outputs of avo::add_rmsnorm, and with `saving` the values its backward reads.
+std::array<at::Tensor, 3> forward_cpu_outputs(const char* op, bool saving, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
+  auto call = avo::binding::prepare_rows<3, 3>(op, {{{"x", &x, avo::binding::Domain::Elem}, {"residual", &residual, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Elem, avo::binding::Domain::Saved}}, {{true, true, saving}}, kColumnSums);
   const auto& args = call.args;
   if (args.rows > 0) {
     avo::binding::parallel_rows(args, [&](int64_t begin, int64_t end) {
       forward_cpu(call.dtype, args, static_cast<float>(eps), begin, end);
     });
   }
-  return avo::binding::returned<2>(call.outputs);
+  return call.outputs;
+}
+
+std::tuple<at::Tensor, at::Tensor> forward_cpu_impl(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
+  auto outputs = forward_cpu_outputs("avo::add_rmsnorm", false, x, residual, weight, eps);
+  return avo::binding::returned<2>(outputs);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_saving_cpu_impl(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
-  auto call = avo::binding::prepare_rows<3, 3>("avo::add_rmsnorm_forward", {{{"x", &x, avo::binding::Domain::Elem}, {"residual", &residual, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Elem, avo::binding::Domain::Saved}}, {{true, true, true}}, kColumnSums);
-  const auto& args = call.args;
-  if (args.rows > 0) {
-    avo::binding::parallel_rows(args, [&](int64_t begin, int64_t end) {
-      forward_cpu(call.dtype, args, static_cast<float>(eps), begin, end);
-    });
-  }
-  return avo::binding::returned(call.outputs);
+  auto outputs = forward_cpu_outputs("avo::add_rmsnorm_forward", true, x, residual, weight, eps);
+  return avo::binding::returned(outputs);
 }
 
 std::tuple<at::Tensor, at::Tensor> backward_cpu_impl(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& rrms, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
@@ -57,22 +57,24 @@ std::tuple<at::Tensor, at::Tensor> backward_cpu_impl(const at::Tensor& grad_hidd
 }
 
 #if defined(AVO_WITH_CUDA)
-std::tuple<at::Tensor, at::Tensor> forward_cuda_impl(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
-  auto call = avo::binding::prepare_rows<3, 3>("avo::add_rmsnorm", {{{"x", &x, avo::binding::Domain::Elem}, {"residual", &residual, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Elem, avo::binding::Domain::Saved}}, {{true, true, false}}, kColumnSums);
+// The outputs of avo::add_rmsnorm, and with `saving` the values its backward reads.
+std::array<at::Tensor, 3> forward_cuda_outputs(const char* op, bool saving, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
+  auto call = avo::binding::prepare_rows<3, 3>(op, {{{"x", &x, avo::binding::Domain::Elem}, {"residual", &residual, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Elem, avo::binding::Domain::Saved}}, {{true, true, saving}}, kColumnSums);
   const auto& args = call.args;
   const c10::cuda::CUDAGuard device_guard(call.device);
   forward_cuda(call.dtype, args, static_cast<float>(eps), c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return avo::binding::returned<2>(call.outputs);
+  return call.outputs;
+}
+
+std::tuple<at::Tensor, at::Tensor> forward_cuda_impl(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
+  auto outputs = forward_cuda_outputs("avo::add_rmsnorm", false, x, residual, weight, eps);
+  return avo::binding::returned<2>(outputs);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_saving_cuda_impl(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
-  auto call = avo::binding::prepare_rows<3, 3>("avo::add_rmsnorm_forward", {{{"x", &x, avo::binding::Domain::Elem}, {"residual", &residual, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Elem, avo::binding::Domain::Saved}}, {{true, true, true}}, kColumnSums);
-  const auto& args = call.args;
-  const c10::cuda::CUDAGuard device_guard(call.device);
-  forward_cuda(call.dtype, args, static_cast<float>(eps), c10::cuda::getCurrentCUDAStream());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return avo::binding::returned(call.outputs);
+  auto outputs = forward_cuda_outputs("avo::add_rmsnorm_forward", true, x, residual, weight, eps);
+  return avo::binding::returned(outputs);
 }
 
 std::tuple<at::Tensor, at::Tensor> backward_cuda_impl(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& rrms, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {

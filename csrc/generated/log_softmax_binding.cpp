@@ -18,26 +18,26 @@
 namespace avo::ops::log_softmax {
 namespace {
 
-at::Tensor forward_cpu_impl(const at::Tensor& x) {
-  auto call = avo::binding::prepare_rows<1, 3>("avo::log_softmax", {{{"x", &x, avo::binding::Domain::Elem}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Saved, avo::binding::Domain::Saved}}, {{true, false, false}}, kColumnSums);
+// The outputs of avo::log_softmax, and with `saving` the values its backward reads.
+std::array<at::Tensor, 3> forward_cpu_outputs(const char* op, bool saving, const at::Tensor& x) {
+  auto call = avo::binding::prepare_rows<1, 3>(op, {{{"x", &x, avo::binding::Domain::Elem}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Saved, avo::binding::Domain::Saved}}, {{true, saving, saving}}, kColumnSums);
   const auto& args = call.args;
   if (args.rows > 0) {
     avo::binding::parallel_rows(args, [&](int64_t begin, int64_t end) {
       forward_cpu(call.dtype, args, begin, end);
     });
   }
-  return avo::binding::returned<1>(call.outputs);
+  return call.outputs;
+}
+
+at::Tensor forward_cpu_impl(const at::Tensor& x) {
+  auto outputs = forward_cpu_outputs("avo::log_softmax", false, x);
+  return avo::binding::returned<1>(outputs);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_saving_cpu_impl(const at::Tensor& x) {
-  auto call = avo::binding::prepare_rows<1, 3>("avo::log_softmax_forward", {{{"x", &x, avo::binding::Domain::Elem}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Saved, avo::binding::Domain::Saved}}, {{true, true, true}}, kColumnSums);
-  const auto& args = call.args;
-  if (args.rows > 0) {
-    avo::binding::parallel_rows(args, [&](int64_t begin, int64_t end) {
-      forward_cpu(call.dtype, args, begin, end);
-    });
-  }
-  return avo::binding::returned(call.outputs);
+  auto outputs = forward_cpu_outputs("avo::log_softmax_forward", true, x);
+  return avo::binding::returned(outputs);
 }
 
 at::Tensor backward_cpu_impl(const at::Tensor& grad_y, const at::Tensor& saved_0, const at::Tensor& total, const at::Tensor& x) {
@@ -57,22 +57,24 @@ at::Tensor backward_cpu_impl(const at::Tensor& grad_y, const at::Tensor& saved_0
 }
 
 #if defined(AVO_WITH_CUDA)
-at::Tensor forward_cuda_impl(const at::Tensor& x) {
-  auto call = avo::binding::prepare_rows<1, 3>("avo::log_softmax", {{{"x", &x, avo::binding::Domain::Elem}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Saved, avo::binding::Domain::Saved}}, {{true, false, false}}, kColumnSums);
+// The outputs of avo::log_softmax, and with `saving` the values its backward reads.
+std::array<at::Tensor, 3> forward_cuda_outputs(const char* op, bool saving, const at::Tensor& x) {
+  auto call = avo::binding::prepare_rows<1, 3>(op, {{{"x", &x, avo::binding::Domain::Elem}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Saved, avo::binding::Domain::Saved}}, {{true, saving, saving}}, kColumnSums);
   const auto& args = call.args;
   const c10::cuda::CUDAGuard device_guard(call.device);
   forward_cuda(call.dtype, args, c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return avo::binding::returned<1>(call.outputs);
+  return call.outputs;
+}
+
+at::Tensor forward_cuda_impl(const at::Tensor& x) {
+  auto outputs = forward_cuda_outputs("avo::log_softmax", false, x);
+  return avo::binding::returned<1>(outputs);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_saving_cuda_impl(const at::Tensor& x) {
-  auto call = avo::binding::prepare_rows<1, 3>("avo::log_softmax_forward", {{{"x", &x, avo::binding::Domain::Elem}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Saved, avo::binding::Domain::Saved}}, {{true, true, true}}, kColumnSums);
-  const auto& args = call.args;
-  const c10::cuda::CUDAGuard device_guard(call.device);
-  forward_cuda(call.dtype, args, c10::cuda::getCurrentCUDAStream());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return avo::binding::returned(call.outputs);
+  auto outputs = forward_cuda_outputs("avo::log_softmax_forward", true, x);
+  return avo::binding::returned(outputs);
 }
 
 at::Tensor backward_cuda_impl(const at::Tensor& grad_y, const at::Tensor& saved_0, const at::Tensor& total, const at::Tensor& x) {

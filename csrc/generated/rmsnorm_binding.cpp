@@ -18,26 +18,26 @@
 namespace avo::ops::rmsnorm {
 namespace {
 
-at::Tensor forward_cpu_impl(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
-  auto call = avo::binding::prepare_rows<2, 2>("avo::rmsnorm", {{{"x", &x, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Saved}}, {{true, false}}, kColumnSums);
+// The outputs of avo::rmsnorm, and with `saving` the values its backward reads.
+std::array<at::Tensor, 2> forward_cpu_outputs(const char* op, bool saving, const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
+  auto call = avo::binding::prepare_rows<2, 2>(op, {{{"x", &x, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Saved}}, {{true, saving}}, kColumnSums);
   const auto& args = call.args;
   if (args.rows > 0) {
     avo::binding::parallel_rows(args, [&](int64_t begin, int64_t end) {
       forward_cpu(call.dtype, args, static_cast<float>(eps), begin, end);
     });
   }
-  return avo::binding::returned<1>(call.outputs);
+  return call.outputs;
+}
+
+at::Tensor forward_cpu_impl(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
+  auto outputs = forward_cpu_outputs("avo::rmsnorm", false, x, weight, eps);
+  return avo::binding::returned<1>(outputs);
 }
 
 std::tuple<at::Tensor, at::Tensor> forward_saving_cpu_impl(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
-  auto call = avo::binding::prepare_rows<2, 2>("avo::rmsnorm_forward", {{{"x", &x, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Saved}}, {{true, true}}, kColumnSums);
-  const auto& args = call.args;
-  if (args.rows > 0) {
-    avo::binding::parallel_rows(args, [&](int64_t begin, int64_t end) {
-      forward_cpu(call.dtype, args, static_cast<float>(eps), begin, end);
-    });
-  }
-  return avo::binding::returned(call.outputs);
+  auto outputs = forward_cpu_outputs("avo::rmsnorm_forward", true, x, weight, eps);
+  return avo::binding::returned(outputs);
 }
 
 std::tuple<at::Tensor, at::Tensor> backward_cpu_impl(const at::Tensor& grad_y, const at::Tensor& rrms, const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
@@ -57,22 +57,24 @@ std::tuple<at::Tensor, at::Tensor> backward_cpu_impl(const at::Tensor& grad_y, c
 }
 
 #if defined(AVO_WITH_CUDA)
-at::Tensor forward_cuda_impl(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
-  auto call = avo::binding::prepare_rows<2, 2>("avo::rmsnorm", {{{"x", &x, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Saved}}, {{true, false}}, kColumnSums);
+// The outputs of avo::rmsnorm, and with `saving` the values its backward reads.
+std::array<at::Tensor, 2> forward_cuda_outputs(const char* op, bool saving, const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
+  auto call = avo::binding::prepare_rows<2, 2>(op, {{{"x", &x, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Saved}}, {{true, saving}}, kColumnSums);
   const auto& args = call.args;
   const c10::cuda::CUDAGuard device_guard(call.device);
   forward_cuda(call.dtype, args, static_cast<float>(eps), c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return avo::binding::returned<1>(call.outputs);
+  return call.outputs;
+}
+
+at::Tensor forward_cuda_impl(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
+  auto outputs = forward_cuda_outputs("avo::rmsnorm", false, x, weight, eps);
+  return avo::binding::returned<1>(outputs);
 }
 
 std::tuple<at::Tensor, at::Tensor> forward_saving_cuda_impl(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
-  auto call = avo::binding::prepare_rows<2, 2>("avo::rmsnorm_forward", {{{"x", &x, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Saved}}, {{true, true}}, kColumnSums);
-  const auto& args = call.args;
-  const c10::cuda::CUDAGuard device_guard(call.device);
-  forward_cuda(call.dtype, args, static_cast<float>(eps), c10::cuda::getCurrentCUDAStream());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return avo::binding::returned(call.outputs);
+  auto outputs = forward_cuda_outputs("avo::rmsnorm_forward", true, x, weight, eps);
+  return avo::binding::returned(outputs);
 }
 
 std::tuple<at::Tensor, at::Tensor> backward_cuda_impl(const at::Tensor& grad_y, const at::Tensor& rrms, const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
