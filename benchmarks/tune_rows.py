@@ -8,22 +8,28 @@ dispatch thresholds the build takes in: tuning/sm_<arch>.json.
 For every row op (the ops of csrc/include/avo/row_cuda.cuh), kernel (forward, backward),
 dtype (float16, bfloat16, float32) and row length N (powers of two from 256 to 262144, as
 many rows as fit in --elements elements), it times torch.ops.avo.<op>[_backward] with
-every call forced onto each version in turn: register, staged, cluster, global
-(avo_ops._C.set_row_version; a call that cannot take the forced version takes the table's
-choice, so where a version does not fit its run times another kernel). Timing is
-bench_ops.py's: CUDA events, median of --reps calls, inputs rotated beyond L2.
+every call forced onto each version in turn: register, pipelined (the register version
+loading the next row ahead), staged, cluster, global (avo_ops._C.set_row_version; a call
+that cannot take the forced version takes the table's choice, so where a version does
+not fit its run times another kernel). Timing is bench_ops.py's: CUDA events, median of
+--reps calls, inputs rotated beyond L2.
 
-Two thresholds per (op, kernel, dtype), in 16-byte vectors, each the shortest row from
+Three thresholds per (op, kernel, dtype), in 16-byte vectors, each the shortest row from
 which a version is faster by more than --margin at that length and no slower by more than
 --tolerance at every longer one; null (never) when there is none. The tolerance is wider
 than the margin because beyond the other versions' limits every forced run takes the same
 kernel, and two runs of one kernel differed by up to 1.7% on the H200:
   - staged_min_vectors: staged against register, over N up to 32768 (beyond, neither fits);
-  - global_min_vectors: global against the fastest of the other three.
-The file also keeps every time measured, the GPU, the versions and the command.
+  - global_min_vectors: global against the fastest of register, staged and cluster;
+  - pipelined_min_vectors: pipelined against register, over N up to 32768.
+--tables computes some of them (and times only the versions they compare); --ops,
+--kernels and --dtypes limit what is measured. Whatever a run does not measure is kept
+from the file it writes over. The file also keeps every time measured, the GPU, the
+versions and the command.
 
-Options: --ops, --dtypes, --row-lengths, --elements (default 2^26), --reps (default 30),
---margin (default 0.01), --tolerance (default 0.03), --out PATH (default tuning/sm_<arch>.json under the repository).
+Options: --ops, --kernels, --dtypes, --tables, --row-lengths, --elements (default 2^26),
+--reps (default 30), --margin (default 0.01), --tolerance (default 0.03), --out PATH
+(default tuning/sm_<arch>.json under the repository).
 """
 from __future__ import annotations
 
@@ -50,7 +56,11 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 ROLES = {"fwd": "forward", "bwd": "backward"}
 DEFAULT_LENGTHS = [256 << i for i in range(11)]  # 256 ... 262144
 STAGED_MAX_LENGTH = 32768  # the longest row of one input the staged version holds (bf16/fp16)
-VERSIONS = ("register", "staged", "cluster", "global")
+VERSIONS = ("register", "pipelined", "staged", "cluster", "global")
+# The versions each table compares.
+TABLE_VERSIONS = {"staged_min_vectors": ("register", "staged"),
+                  "global_min_vectors": ("register", "staged", "cluster", "global"),
+                  "pipelined_min_vectors": ("register", "pipelined")}
 
 
 def time_version(avo_ops, case, shape, dtype, version: str, timer: bench_ops.Timer) -> float:
@@ -78,20 +88,40 @@ def threshold(points: list[tuple[int, float, float]], margin: float, tolerance: 
     return best
 
 
-def thresholds(measurements: list[dict], margin: float, tolerance: float) -> tuple[int | None, int | None]:
-    """(staged_min_vectors, global_min_vectors) of one (op, kernel, dtype) from its
-    measurements by increasing length."""
-    staged = threshold([(m["vectors"], m["register_us"], m["staged_us"]) for m in measurements
-                        if m["row_length"] <= STAGED_MAX_LENGTH], margin, tolerance)
-    best_other = [(m["vectors"], min(m[f"{v}_us"] for v in VERSIONS if v != "global"), m["global_us"])
-                  for m in measurements]
-    return staged, threshold(best_other, margin, tolerance)
+def thresholds(measurements: list[dict], tables: list[str], margin: float, tolerance: float) -> dict[str, int | None]:
+    """Each of `tables` of one (op, kernel, dtype) from its measurements by increasing length."""
+    found = {}
+    short = [m for m in measurements if m["row_length"] <= STAGED_MAX_LENGTH]
+    if "staged_min_vectors" in tables:
+        found["staged_min_vectors"] = threshold([(m["vectors"], m["register_us"], m["staged_us"]) for m in short],
+                                                margin, tolerance)
+    if "global_min_vectors" in tables:
+        best_other = [(m["vectors"], min(m[f"{v}_us"] for v in ("register", "staged", "cluster")), m["global_us"])
+                      for m in measurements]
+        found["global_min_vectors"] = threshold(best_other, margin, tolerance)
+    if "pipelined_min_vectors" in tables:
+        found["pipelined_min_vectors"] = threshold([(m["vectors"], m["register_us"], m["pipelined_us"]) for m in short],
+                                                   margin, tolerance)
+    return found
+
+
+def previous_file(path: str, arch: int) -> dict:
+    """The tuning file this run writes over, or an empty one."""
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if data.get("arch") != arch:
+        raise SystemExit(f"tune_rows: {path} is for sm_{data.get('arch')}, this GPU is sm_{arch}")
+    return data
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ops", default=",".join(ROW_OPS))
+    p.add_argument("--kernels", default=",".join(ROLES.values()))
     p.add_argument("--dtypes", default=",".join(DTYPES))
+    p.add_argument("--tables", default=",".join(TABLE_VERSIONS))
     p.add_argument("--row-lengths", default=",".join(map(str, DEFAULT_LENGTHS)))
     p.add_argument("--elements", type=int, default=1 << 26)
     p.add_argument("--reps", type=int, default=30)
@@ -111,46 +141,63 @@ def main(argv=None) -> int:
     dtypes = [d for d in args.dtypes.split(",") if d]
     if set(dtypes) - set(DTYPES):
         p.error(f"dtypes: {', '.join(DTYPES)}")
+    kernels = [k for k in args.kernels.split(",") if k]
+    if set(kernels) - set(ROLES.values()):
+        p.error(f"kernels: {', '.join(ROLES.values())}")
+    directions = [d for d, role in ROLES.items() if role in kernels]
+    table_names = [t.strip() for t in args.tables.split(",") if t.strip()]
+    table_names = [t if t.endswith("_min_vectors") else f"{t}_min_vectors" for t in table_names]
+    if set(table_names) - set(TABLE_VERSIONS):
+        p.error(f"tables: {', '.join(t.removesuffix('_min_vectors') for t in TABLE_VERSIONS)}")
+    versions = [v for v in VERSIONS if any(v in TABLE_VERSIONS[t] for t in table_names)]
     lengths = sorted(int(n) for n in args.row_lengths.split(","))
     major, minor = torch.cuda.get_device_capability()
     arch = major * 10 + minor
     out = args.out or os.path.join(ROOT, "tuning", f"sm_{arch}.json")
+    previous = previous_file(out, arch)
 
     timer = bench_ops.Timer(args.reps, warmup=5)
-    plan = [(op, d, dtype, n) for op in ops for d in ROLES for dtype in dtypes for n in lengths]
+    plan = [(op, d, dtype, n) for op in ops for d in directions for dtype in dtypes for n in lengths]
     measurements = []
-    tables = {"staged_min_vectors": {}, "global_min_vectors": {}}
+    tables = {name: previous.get(name, {}) for name in TABLE_VERSIONS}
     with torch.no_grad():
         for i, (op, direction, dtype_name, n) in enumerate(plan, 1):
             case = bench_cases.find_case(op, direction)
             dtype = DTYPES[dtype_name]
             shape = case.layout((max(1, args.elements // n), n))
-            times = {v: time_version(avo_ops, case, shape, dtype, v, timer) for v in VERSIONS}
+            times = {v: time_version(avo_ops, case, shape, dtype, v, timer) for v in versions}
             vectors = n * dtype.itemsize // 16
             measurements.append({"op": op, "kernel": ROLES[direction], "dtype": dtype_name, "row_length": n,
                                  "vectors": vectors, "shape": list(shape),
-                                 **{f"{v}_us": round(times[v], 2) for v in VERSIONS}})
+                                 **{f"{v}_us": round(times[v], 2) for v in versions}})
             print(f"[{i}/{len(plan)}] {op}.{direction} {dtype_name} N={n}: "
-                  + ", ".join(f"{v} {times[v]:.1f} us" for v in VERSIONS), file=sys.stderr, flush=True)
+                  + ", ".join(f"{v} {times[v]:.1f} us" for v in versions), file=sys.stderr, flush=True)
     for op in ops:
-        for direction, role in ROLES.items():
+        for role in kernels:
             for dtype_name in dtypes:
                 found = thresholds([m for m in measurements if (m["op"], m["kernel"], m["dtype"]) == (op, role, dtype_name)],
-                                   args.margin, args.tolerance)
-                for name, value in zip(tables, found):
+                                   table_names, args.margin, args.tolerance)
+                for name, value in found.items():
                     tables[name].setdefault(op, {}).setdefault(role, {})[dtype_name] = value
+    # The runs that wrote into the file (a file of one run has its fields at the top), and
+    # their measurements, each tagged with its run's place in "runs".
+    runs = previous.get("runs", [{k: previous[k] for k in ("date", "command", "torch", "cuda") if k in previous}]
+                        if previous else [])
+    kept = [{"run": 0, **m} for m in previous.get("measurements", [])]
+    measurements = [{"run": len(runs), **m} for m in measurements]
     result = {
         "arch": arch,
         "gpu": torch.cuda.get_device_name(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join([os.path.basename(sys.executable), *sys.argv]),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
+        # every run that wrote into this file, the latest last
+        "runs": runs + [{"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                         "command": shlex.join([os.path.basename(sys.executable), *sys.argv]),
+                         "torch": torch.__version__, "cuda": torch.version.cuda}],
         "rule": f"staged from the shortest row where it is faster than register by more than {args.margin:.0%} "
                 f"and slower by no more than {args.tolerance:.0%} at every longer row (N <= {STAGED_MAX_LENGTH}); "
-                f"global the same against the fastest of register, staged and cluster; null: never",
+                f"pipelined the same against register; global the same against the fastest of register, "
+                f"staged and cluster; null: never",
         **tables,
-        "measurements": measurements,
+        "measurements": kept + measurements,
     }
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:

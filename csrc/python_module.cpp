@@ -17,7 +17,7 @@ PyObject* built_with_cuda(PyObject*, PyObject*) {
 #endif
 }
 
-// set_row_version(name): "auto", "register", "staged", "cluster" or "global".
+// set_row_version(name): "auto", "register", "pipelined", "staged", "cluster" or "global".
 PyObject* set_row_version(PyObject*, PyObject* arg) {
   const char* name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : nullptr;
   if (name == nullptr) {
@@ -29,6 +29,7 @@ PyObject* set_row_version(PyObject*, PyObject* arg) {
     avo::RowVersion version;
   } versions[] = {{"auto", avo::RowVersion::kAuto},
                   {"register", avo::RowVersion::kRegister},
+                  {"pipelined", avo::RowVersion::kPipelined},
                   {"staged", avo::RowVersion::kStaged},
                   {"cluster", avo::RowVersion::kCluster},
                   {"global", avo::RowVersion::kGlobal}};
@@ -39,7 +40,7 @@ PyObject* set_row_version(PyObject*, PyObject* arg) {
     }
   }
   PyErr_Format(PyExc_ValueError,
-               "set_row_version: unknown version '%s'; expected 'auto', 'register', 'staged', 'cluster' or 'global'",
+               "set_row_version: unknown version '%s'; expected 'auto', 'register', 'pipelined', 'staged', 'cluster' or 'global'",
                name);
   return nullptr;
 }

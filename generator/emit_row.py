@@ -447,16 +447,17 @@ def _dispatch_table(s: OpSchedule, tunings: list[ArchTuning]) -> list[str]:
         "// Which version of avo/row_cuda.cuh a call runs (pick_row_version, on the host per",
         "// call): rows of 16-byte vectors take GlobalRow from the length in vectors of the",
         "// \"global\" line on, else StagedRow from that of the \"staged\" line on (where it",
-        "// fits), RegisterRow below it (where it fits), the cluster version or GlobalRow",
+        "// fits), RegisterRow below it (where it fits; pipelined from the length of the",
+        "// \"pipelined\" line on, where the kernel can be), the cluster version or GlobalRow",
         "// otherwise; \"never\": only where no other version fits. Measured by",
         "// benchmarks/tune_rows.py (tuning/sm_<arch>.json).",
-        f"//   | {'kernel':8} | {'GPU':{width}} | from   | " + " | ".join(f"{d:>8}" for d in TUNING_DTYPES) + " |",
+        f"//   | {'kernel':8} | {'GPU':{width}} | {'from':9} | " + " | ".join(f"{d:>8}" for d in TUNING_DTYPES) + " |",
     ]
     for kernel, rows in kernels:
         for gpu, _, tables in rows:
             for table in TUNING_TABLES:
                 version = table.split("_")[0]
-                lines.append(f"//   | {kernel.role:8} | {gpu:{width}} | {version:6} | "
+                lines.append(f"//   | {kernel.role:8} | {gpu:{width}} | {version:9} | "
                              + " | ".join(f"{'never' if v is None else v:>8}" for v in tables[table]) + " |")
 
     def array(values):

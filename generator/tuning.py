@@ -2,11 +2,13 @@
 tuning/ (tuning/sm_90.json), written by benchmarks/tune_rows.py on that GPU and read
 here at generation time, so that the thresholds land in the generated .cu sources.
 
-A file holds, besides how it was measured, two tables. For each row op and kernel
+A file holds, besides how it was measured, three tables. For each row op and kernel
 ("forward", "backward") and element type: the row length in 16-byte vectors from which
-the staged (shared-memory) version beats the register version, and the one from which
-the global version beats every other; null where it never does (a file without
-"global_min_vectors" never takes the global version by choice):
+the staged (shared-memory) version beats the register version, the one from which the
+global version beats every other, and the one from which the register version pipelined
+(loading the next row while it computes one) beats it unpipelined; null where it never
+does. A file without "global_min_vectors" or "pipelined_min_vectors" never takes that
+version by choice:
 
     {"arch": 90, "gpu": "NVIDIA H200",
      "staged_min_vectors": {"layernorm": {"forward": {"float16": 512, "bfloat16": 512, "float32": null}, ...}},
@@ -23,7 +25,7 @@ from .errors import SpecError
 
 TUNING_DIR = "tuning"
 DTYPES = ("float16", "bfloat16", "float32")  # the order of the arrays of avo::RowTuning
-TABLES = ("staged_min_vectors", "global_min_vectors")
+TABLES = ("staged_min_vectors", "global_min_vectors", "pipelined_min_vectors")  # the order of avo::RowTuning
 ROLES = ("forward", "backward")
 
 
@@ -65,7 +67,7 @@ def _parse(path: str, shown: str, arch: int) -> ArchTuning:
         fail(f"'arch' is {data.get('arch')!r} but the file name says {arch}")
     tables = {}
     for name in TABLES:
-        table = data.get(name, {} if name == "global_min_vectors" else None)
+        table = data.get(name, None if name == "staged_min_vectors" else {})
         if not isinstance(table, dict):
             fail(f"'{name}' must map op -> kernel -> dtype -> vectors or null")
         tables[name] = _parse_table(table, fail)

@@ -550,7 +550,7 @@ def row_version(request):
 
 
 @needs_cuda
-@pytest.mark.parametrize("row_version", ["register", "staged", "cluster", "global", "auto"], indirect=True)
+@pytest.mark.parametrize("row_version", ["register", "pipelined", "staged", "cluster", "global", "auto"], indirect=True)
 @pytest.mark.parametrize("shape", VERSION_SHAPES, ids=str)
 @pytest.mark.parametrize("name", ALL)
 def test_every_kernel_version_matches_float64(name, shape, row_version, dtype):

@@ -37,9 +37,11 @@ def _softmax_cu(root) -> str:
 
 def test_without_tuning_files_every_gpu_gets_the_default(tmp_path):
     cu = _softmax_cu(_tree(tmp_path, None))
-    assert "//   | forward  | any other GPU | staged |    never |    never |    never |" in cu
-    assert "//   | forward  | any other GPU | global |    never |    never |    never |" in cu
-    assert "{0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}}," in cu
+    assert "//   | forward  | any other GPU | staged    |    never |    never |    never |" in cu
+    assert "//   | forward  | any other GPU | global    |    never |    never |    never |" in cu
+    assert "//   | forward  | any other GPU | pipelined |    never |    never |    never |" in cu
+    never = "{avo::kNever, avo::kNever, avo::kNever}"
+    assert f"{{0, {never}, {never}, {never}}}," in cu
     assert "avo::row_thresholds<T>(kForwardTuning)" in cu and "avo::row_thresholds<T>(kBackwardTuning)" in cu
 
 
@@ -47,21 +49,27 @@ def test_a_tuning_file_sets_the_thresholds_of_its_arch(tmp_path):
     tuning = {"arch": 90, "gpu": "NVIDIA H200",
               "staged_min_vectors": {"softmax": {"forward": {"float16": 512, "bfloat16": None, "float32": 2048},
                                                  "backward": {"float32": 1024}}},
-              "global_min_vectors": {"softmax": {"forward": {"float32": 4096}}}}
+              "global_min_vectors": {"softmax": {"forward": {"float32": 4096}}},
+              "pipelined_min_vectors": {"softmax": {"forward": {"bfloat16": 256}}}}
     cu = _softmax_cu(_tree(tmp_path, tuning))
-    assert "//   | forward  | sm_90 (NVIDIA H200) | staged |      512 |    never |     2048 |" in cu
-    assert "//   | forward  | sm_90 (NVIDIA H200) | global |    never |    never |     4096 |" in cu
-    assert "//   | backward | sm_90 (NVIDIA H200) | staged |    never |    never |     1024 |" in cu
-    assert "//   | backward | sm_90 (NVIDIA H200) | global |    never |    never |    never |" in cu
+    assert "//   | forward  | sm_90 (NVIDIA H200) | staged    |      512 |    never |     2048 |" in cu
+    assert "//   | forward  | sm_90 (NVIDIA H200) | global    |    never |    never |     4096 |" in cu
+    assert "//   | backward | sm_90 (NVIDIA H200) | staged    |    never |    never |     1024 |" in cu
+    assert "//   | backward | sm_90 (NVIDIA H200) | global    |    never |    never |    never |" in cu
+    assert "//   | forward  | sm_90 (NVIDIA H200) | pipelined |    never |      256 |    never |" in cu
+    assert "//   | backward | sm_90 (NVIDIA H200) | pipelined |    never |    never |    never |" in cu
     forward = cu[cu.index("kForwardTuning[] = {"):]
-    assert forward.splitlines()[1].strip() == "{90, {512, avo::kNever, 2048}, {avo::kNever, avo::kNever, 4096}},"
-    assert forward.splitlines()[2].strip() == "{0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},"
+    never = "{avo::kNever, avo::kNever, avo::kNever}"
+    assert forward.splitlines()[1].strip() == (
+        "{90, {512, avo::kNever, 2048}, {avo::kNever, avo::kNever, 4096}, {avo::kNever, 256, avo::kNever}},")
+    assert forward.splitlines()[2].strip() == f"{{0, {never}, {never}, {never}}},"
 
 
-def test_a_tuning_file_without_a_global_table_never_picks_global(tmp_path):
+def test_a_tuning_file_without_global_or_pipelined_tables_never_picks_them(tmp_path):
     tuning = {"arch": 90, "gpu": "NVIDIA H200", "staged_min_vectors": {"softmax": {"forward": {"float16": 512}}}}
     cu = _softmax_cu(_tree(tmp_path, tuning))
-    assert "//   | forward  | sm_90 (NVIDIA H200) | global |    never |    never |    never |" in cu
+    assert "//   | forward  | sm_90 (NVIDIA H200) | global    |    never |    never |    never |" in cu
+    assert "//   | forward  | sm_90 (NVIDIA H200) | pipelined |    never |    never |    never |" in cu
 
 
 @pytest.mark.parametrize("content, name, phrase", [
@@ -75,6 +83,8 @@ def test_a_tuning_file_without_a_global_table_never_picks_global(tmp_path):
     ({"arch": 90, "staged_min_vectors": {}, "global_min_vectors": [4]}, "sm_90.json", "'global_min_vectors' must map"),
     ({"arch": 90, "staged_min_vectors": {}, "global_min_vectors": {"softmax": {"backward": {"bfloat16": 0}}}},
      "sm_90.json", "'softmax.backward.bfloat16' must be a positive number of vectors or null, got 0"),
+    ({"arch": 90, "staged_min_vectors": {}, "pipelined_min_vectors": {"softmax": {"forward": {"float16": 1.5}}}},
+     "sm_90.json", "'softmax.forward.float16' must be a positive number of vectors or null, got 1.5"),
 ])
 def test_bad_tuning_files_are_rejected_with_their_name(tmp_path, content, name, phrase):
     root = _tree(tmp_path, content, name)
@@ -108,13 +118,27 @@ def test_global_threshold_is_against_the_fastest_other_version():
         return {"row_length": n, "vectors": n // 8, "register_us": register, "staged_us": staged,
                 "cluster_us": cluster, "global_us": global_}
 
+    tables = ["staged_min_vectors", "global_min_vectors"]
     # global beats register from 4096 on, but staged (faster) only from 16384 on
     points = [m(1024, 10, 10, 12, 11), m(4096, 10, 8, 12, 9), m(16384, 10, 8, 12, 7), m(65536, 20, 20, 15, 12)]
-    assert thresholds(points, 0.01, 0.03) == (512, 2048)
+    assert thresholds(points, tables, 0.01, 0.03) == {"staged_min_vectors": 512, "global_min_vectors": 2048}
     # beyond every other version's limit all runs time the global kernel: noise within the
     # tolerance does not move the threshold
     points += [m(262144, 24.6, 24.1, 24.2, 24.5)]
-    assert thresholds(points, 0.01, 0.03) == (512, 2048)
+    assert thresholds(points, tables, 0.01, 0.03) == {"staged_min_vectors": 512, "global_min_vectors": 2048}
     # staged is compared with register over N <= 32768 only; global never wins
     points = [m(16384, 10, 10, 10, 11), m(65536, 20, 10, 15, 16)]
-    assert thresholds(points, 0.01, 0.03) == (None, None)
+    assert thresholds(points, tables, 0.01, 0.03) == {"staged_min_vectors": None, "global_min_vectors": None}
+
+
+def test_pipelined_threshold_is_against_register_on_rows_registers_hold():
+    from tune_rows import thresholds
+
+    def m(n, register, pipelined):
+        return {"row_length": n, "vectors": n // 8, "register_us": register, "pipelined_us": pipelined}
+
+    # slower on short rows, faster from 4096 on; beyond 32768 neither runs (both times are
+    # another version's) and a faster-looking time there does not count
+    points = [m(256, 10, 10.8), m(1024, 10, 10.4), m(4096, 10, 9), m(16384, 10, 9.5), m(65536, 20, 15)]
+    assert thresholds(points, ["pipelined_min_vectors"], 0.01, 0.03) == {"pipelined_min_vectors": 512}
+    assert thresholds(points[:2] + points[4:], ["pipelined_min_vectors"], 0.01, 0.03) == {"pipelined_min_vectors": None}

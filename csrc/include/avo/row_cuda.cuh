@@ -8,7 +8,9 @@
 //    vector i of thread `lane` being the row's vector i * G + lane (coalesced). P is
 //    kRowVectors<Math>. V is 16 bytes' worth of elements when every row starts 16-byte
 //    aligned and the length is a multiple of it, else 1. Short rows share a block
-//    (several groups of G < kRowBlockThreads).
+//    (several groups of G < kRowBlockThreads). Pipelined (from a measured length on,
+//    where the kernel has the registers: kCanPipeline), a group loads its next row
+//    before it computes the current one.
 //  - StagedRow, for longer aligned rows that fit in shared memory: a block takes a row;
 //    its per-element inputs are copied into shared memory with cp.async, kStages rows
 //    at a time, so that the next rows arrive while the block computes the current one.
@@ -16,7 +18,7 @@
 //  - Cluster rows (RegisterRow with kClustered, cluster_row_kernel), for rows the
 //    registers of one block cannot hold (sm_90): the row is split over the 2 to 8 blocks
 //    of a thread-block cluster, each block holding its part in registers; reductions
-//    combine the blocks through distributed shared memory.
+//    combine the blocks through distributed shared memory. Pipelined where it can be.
 //  - GlobalRow, for the rest: each pass reads the row from global memory again (from L2
 //    after the first pass: launch_global_rows keeps few enough rows in flight). A block
 //    takes a row, or on sm_90 a cluster of up to 8 blocks shares a long row of 16-byte
@@ -267,27 +269,45 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
   // This thread's part of its chunk's per-column sums.
   using ColumnSums = float[kSums][P][V];
 
+  // This thread's vectors of every per-element input of a row (zero where it has none).
+  struct Vectors {
+    Cached v[Args::kInputs][P];
+  };
+
   bool active;    // false for the idle groups of the last block: they only join reductions
   int lane;       // thread index in the group
   int group_threads;
   int64_t vectors;      // vectors of V elements per row
   ColumnSums* columns;  // nullptr when the call wants no per-column outputs
   unsigned* exchanges;  // kClustered: the cluster exchanges so far (cluster_combine)
-  Cached cache[Args::kInputs][P];
+  Vectors cache;
 
+  // Loads this thread's vectors of row `row`.
   __device__ __forceinline__ RegisterRow(const Args& a, int64_t row, bool is_active, int group_lane, int threads,
                                          ColumnSums* column_sums, unsigned* exchange_count = nullptr)
       : RowView<T, Args>(a, row), active(is_active), lane(group_lane), group_threads(threads),
         vectors(a.length / V), columns(column_sums), exchanges(exchange_count) {
+    load_vectors(args, r, active, lane, group_threads, cache);
+  }
+
+  // Takes this thread's vectors of row `row` loaded earlier (pipelined_rows).
+  __device__ __forceinline__ RegisterRow(const Args& a, int64_t row, bool is_active, int group_lane, int threads,
+                                         ColumnSums* column_sums, const Vectors& loaded, unsigned* exchange_count = nullptr)
+      : RowView<T, Args>(a, row), active(is_active), lane(group_lane), group_threads(threads),
+        vectors(a.length / V), columns(column_sums), exchanges(exchange_count), cache(loaded) {}
+
+  // Loads this thread's vectors of row `row`: vector i is the row's vector i * threads + lane.
+  __device__ __forceinline__ static void load_vectors(const Args& args, int64_t row, bool is_active, int lane,
+                                                      int threads, Vectors& out) {
     AVO_UNROLL
     for (int k = 0; k < Args::kInputs; ++k) {
       if (!((Math::kElementInputs >> k) & 1u)) continue;
       const T* p = static_cast<const T*>(args.inputs[k]);
       AVO_UNROLL
       for (int i = 0; i < P; ++i) {
-        const int64_t v = vector_index(i);
-        if (active && v < vectors) cache[k][i].load(p + r * args.length + v * V);
-        else cache[k][i].zero();
+        const int64_t v = int64_t(i) * threads + lane;
+        if (is_active && v < args.length / V) out.v[k][i].load(p + row * args.length + v * V);
+        else out.v[k][i].zero();
       }
     }
   }
@@ -300,7 +320,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
     int i, j;
     const Cached* columns;  // this vector of the pass's per-column inputs (load_column_vectors)
     Vector* staged;         // for_each: the outputs of this vector, stored after the body ran
-    __device__ __forceinline__ float load(int k) const { return row.cache[k][i].get(j); }
+    __device__ __forceinline__ float load(int k) const { return row.cache.v[k][i].get(j); }
     // A missing input's vector holds Math::column_default(k), the same value as `missing`.
     __device__ __forceinline__ float load_col(int k, float) const { return columns[k].get(j); }
     __device__ __forceinline__ void store(int k, float value) const { staged[k].v[j] = Element<T>::from_float(value); }
@@ -676,14 +696,70 @@ __device__ __forceinline__ void write_partials(const Args& args, const float (&s
   }
 }
 
+// One row of a RegisterRow kernel's sequence: its index, and whether this thread's group
+// takes part (idle groups only join the reductions).
+struct RowTurn {
+  int64_t row;
+  bool active;
+};
+
+// Whether the row kernels of Math can load the next row while they compute one
+// (pipelined_rows): where the threads keep no per-column sums and their vectors of a row
+// take at most 16 registers (one per-element input). With two inputs, the two rows'
+// vectors do not fit the 64 registers of two blocks per multiprocessor (softmax's
+// backward and add_layernorm's forward spilled 116-216 bytes); with per-column sums they
+// take registers that a second block needed (rmsnorm's fp32 backward, 64 to 85
+// registers, lost up to 32%).
+template <typename Math>
+constexpr bool kCanPipeline = Math::kColumnSums == 0 && kElementInputCount<Math> * kRowVectors<Math> * 4 <= 16;
+
+// Runs run(turn, vectors) for the rows turn_at(0), ..., turn_at(count - 1) in order, with
+// this thread's vectors of each, those of row t + 1 loaded before row t's math runs: the
+// group's loads of the next row are then in flight while it reduces this one (otherwise
+// it waits for memory at the start of every row). It costs registers and instructions
+// (copying the vectors): on the H200 it cost some short rows 5-11%, and the dispatch
+// table says from which length on it pays.
+template <typename Row, typename Args, typename TurnAt, typename Run>
+__device__ __forceinline__ void pipelined_rows(const Args& args, int64_t count, int lane, int threads, TurnAt turn_at,
+                                               Run run) {
+  if (count <= 0) return;
+  RowTurn next_turn = turn_at(int64_t(0));
+  typename Row::Vectors next;
+  Row::load_vectors(args, next_turn.row, next_turn.active, lane, threads, next);
+  for (int64_t t = 0; t < count; ++t) {
+    const RowTurn turn = next_turn;
+    const typename Row::Vectors vectors = next;
+    next_turn = turn_at(t + 1);
+    Row::load_vectors(args, next_turn.row, next_turn.active && t + 1 < count, lane, threads, next);
+    run(turn, vectors);
+  }
+}
+
 // Groups of `group_threads` take rows; with per-column sums, group c of the grid takes
-// chunk c and keeps its columns' sums in registers until the chunk is done.
-template <typename T, typename Args, typename Math, int V>
+// chunk c and keeps its columns' sums in registers until the chunk is done. kPipelined
+// (only where kCanPipeline<Math>): see pipelined_rows.
+template <typename T, typename Args, typename Math, int V, bool kPipelined>
 __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math>) register_row_kernel(const Args args, const Math math,
                                                                         int group_threads) {
   using Row = RegisterRow<T, Args, Math, V>;
   const int groups = blockDim.x / group_threads;
   const int group = threadIdx.x / group_threads, lane = threadIdx.x % group_threads;
+  if constexpr (kPipelined) {
+    static_assert(kCanPipeline<Math>, "a kernel with per-column sums or several inputs is not pipelined");
+    // The block takes rows first, first + step, ... (plus its group's place).
+    const int64_t first = int64_t(blockIdx.x) * groups, step = int64_t(gridDim.x) * groups;
+    const int64_t count = first < args.rows ? (args.rows - first + step - 1) / step : 0;
+    pipelined_rows<Row>(
+        args, count, lane, group_threads,
+        [&](int64_t t) {
+          const int64_t r = first + t * step + group;
+          return RowTurn{r, r < args.rows};
+        },
+        [&](const RowTurn& turn, const typename Row::Vectors& vectors) {
+          math.template apply<PrecisionFor<T>>(Row(args, turn.row, turn.active, lane, group_threads, nullptr, vectors));
+        });
+    return;
+  }
   if (!wants_column_sums<Math>(args)) {
     for (int64_t first = int64_t(blockIdx.x) * groups; first < args.rows; first += int64_t(gridDim.x) * groups) {
       const int64_t r = first + group;
@@ -703,6 +779,8 @@ __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math>)
 // A row over the blocks of a thread-block cluster: block `rank` of the cluster holds the
 // vectors i * (C * B) + rank * B + t, as RegisterRow does for a group of C * B threads.
 // Cluster q takes rows q, q + clusters, ...; with per-column sums cluster c takes chunk c.
+// Pipelined wherever kCanPipeline<Math> (on the H200 that gained 3-13% on every row the
+// cluster version takes).
 template <typename T, typename Args, typename Math, int V>
 __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math>) cluster_row_kernel(const Args args, const Math math) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -714,7 +792,15 @@ __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math>)
   const int lane = int(cluster.block_rank()) * int(blockDim.x) + int(threadIdx.x);
   const int64_t cluster_index = blockIdx.x / blocks, clusters = gridDim.x / blocks;
   unsigned exchanges = 0;
-  if (!wants_column_sums<Math>(args)) {
+  if constexpr (kCanPipeline<Math>) {
+    // The same rows, and so the same count, for every block of the cluster.
+    const int64_t count = cluster_index < args.rows ? (args.rows - cluster_index + clusters - 1) / clusters : 0;
+    pipelined_rows<Row>(
+        args, count, lane, threads, [&](int64_t t) { return RowTurn{cluster_index + t * clusters, true}; },
+        [&](const RowTurn& turn, const typename Row::Vectors& vectors) {
+          math.template apply<PrecisionFor<T>>(Row(args, turn.row, true, lane, threads, nullptr, vectors, &exchanges));
+        });
+  } else if (!wants_column_sums<Math>(args)) {
     for (int64_t r = cluster_index; r < args.rows; r += clusters)
       math.template apply<PrecisionFor<T>>(Row(args, r, true, lane, threads, nullptr, &exchanges));
   } else {
@@ -910,17 +996,21 @@ inline int threads_for(int64_t vectors, int per_thread) {
 // The version a call takes (see the top of this file): GlobalRow for rows of at least
 // `thresholds.global_min_vectors` vectors, StagedRow for rows of at least
 // `thresholds.staged_min_vectors` (both from the generated, measured table) or that
-// registers cannot hold; else RegisterRow; the cluster version, then GlobalRow, for what
-// neither takes.
+// registers cannot hold; else RegisterRow, pipelined from
+// `thresholds.pipelined_min_vectors` on where the kernel can be; the cluster version,
+// then GlobalRow, for what neither takes.
 inline RowVersion pick_row_version(int64_t vectors, bool fits_registers, bool fits_staged, bool fits_cluster,
-                                   const RowThresholds& thresholds) {
+                                   bool can_pipeline, const RowThresholds& thresholds) {
   const RowVersion forced = forced_row_version();
+  const RowVersion in_registers =
+      can_pipeline && vectors >= thresholds.pipelined_min_vectors ? RowVersion::kPipelined : RowVersion::kRegister;
   if (forced == RowVersion::kRegister && fits_registers) return RowVersion::kRegister;
+  if (forced == RowVersion::kPipelined && fits_registers) return can_pipeline ? RowVersion::kPipelined : RowVersion::kRegister;
   if (forced == RowVersion::kStaged && fits_staged) return RowVersion::kStaged;
   if (forced == RowVersion::kCluster && fits_cluster) return RowVersion::kCluster;
   if (forced == RowVersion::kGlobal || vectors >= thresholds.global_min_vectors) return RowVersion::kGlobal;
   if (fits_staged && (vectors >= thresholds.staged_min_vectors || !fits_registers)) return RowVersion::kStaged;
-  if (fits_registers) return RowVersion::kRegister;
+  if (fits_registers) return in_registers;
   return fits_cluster ? RowVersion::kCluster : RowVersion::kGlobal;
 }
 
@@ -1025,7 +1115,8 @@ RowThresholds row_thresholds(const RowTuning (&table)[N]) {
   const int arch = current_device_info().arch;
   constexpr int index = std::is_same<T, __half>::value ? 0 : std::is_same<T, __nv_bfloat16>::value ? 1 : 2;
   for (const RowTuning& row : table)
-    if (row.arch == arch || row.arch == 0) return {row.staged_min_vectors[index], row.global_min_vectors[index]};
+    if (row.arch == arch || row.arch == 0)
+      return {row.staged_min_vectors[index], row.global_min_vectors[index], row.pipelined_min_vectors[index]};
   return {};
 }
 
@@ -1048,14 +1139,21 @@ void launch_row_op(const Args& args, const Math& math, const RowThresholds& tabl
       may_cluster && (vectorized ? launch_cluster_rows<T, Args, Math, V>(args, math, vectors, chunked, stream, true)
                                  : launch_cluster_rows<T, Args, Math, 1>(args, math, vectors, chunked, stream, true));
   // The table counts 16-byte vectors: rows of single elements take the global version
-  // only where nothing else fits.
-  const RowThresholds thresholds = {table.staged_min_vectors, vectorized ? table.global_min_vectors : kNever};
-  switch (pick_row_version(vectors, fits_registers, fits_staged, fits_cluster, thresholds)) {
-    case RowVersion::kRegister: {
+  // only where nothing else fits, and are not pipelined.
+  const RowThresholds thresholds = {table.staged_min_vectors, vectorized ? table.global_min_vectors : kNever,
+                                    table.pipelined_min_vectors};
+  const RowVersion version =
+      pick_row_version(vectors, fits_registers, fits_staged, fits_cluster, kCanPipeline<Math> && vectorized, thresholds);
+  switch (version) {
+    case RowVersion::kRegister:
+    case RowVersion::kPipelined: {
       const int group = threads_for(vectors, kRowVectors<Math>);
       const int block = group < kRowBlockThreads ? kRowBlockThreads : group;
       const int groups = block / group;
-      const auto kernel = vectorized ? register_row_kernel<T, Args, Math, V> : register_row_kernel<T, Args, Math, 1>;
+      // Where Math cannot be pipelined both names are the same kernel.
+      const auto kernel = !vectorized ? register_row_kernel<T, Args, Math, 1, false>
+                          : version == RowVersion::kPipelined ? register_row_kernel<T, Args, Math, V, kCanPipeline<Math>>
+                                                              : register_row_kernel<T, Args, Math, V, false>;
       const unsigned blocks = chunked ? unsigned((args.chunks + groups - 1) / groups)
                                       : resident_grid_size(kernel, (args.rows + groups - 1) / groups * block, block);
       kernel<<<blocks, block, 0, stream>>>(args, math, group);

@@ -12,12 +12,15 @@ namespace avo {
 // on GPUs of compute capability `arch` (major * 10 + minor; 0: any other GPU), rows of
 // 16-byte vectors take the global version from global_min_vectors[t] vectors on, else
 // the staged version from staged_min_vectors[t] on where it fits, t indexing float16,
-// bfloat16, float32. The generated sources hold these tables, from the files of tuning/
+// bfloat16, float32; the register version they take otherwise loads the next row while
+// it computes one from pipelined_min_vectors[t] on (where the kernel can: kCanPipeline in
+// avo/row_cuda.cuh). The generated sources hold these tables, from the files of tuning/
 // (benchmarks/tune_rows.py writes them).
 struct RowTuning {
   int arch;
   int64_t staged_min_vectors[3];
   int64_t global_min_vectors[3];
+  int64_t pipelined_min_vectors[3];
 };
 
 // A version never taken by choice, only where no other fits.
@@ -27,9 +30,11 @@ constexpr int64_t kNever = INT64_MAX;
 struct RowThresholds {
   int64_t staged_min_vectors = kNever;
   int64_t global_min_vectors = kNever;
+  int64_t pipelined_min_vectors = kNever;
 };
 
-enum class RowVersion { kAuto = -1, kRegister, kStaged, kCluster, kGlobal };
+// kPipelined is the register version loading the next row ahead (pipelined_rows).
+enum class RowVersion { kAuto = -1, kRegister, kPipelined, kStaged, kCluster, kGlobal };
 
 // The process-wide choice. A forced version that a call cannot take (a row too long
 // for registers, say) is ignored for that call.
