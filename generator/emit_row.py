@@ -11,6 +11,12 @@ element outputs and yields the K per-column terms); each calls its lambda once p
 element with an element handle `at` (`at.load(k)`, `at.load_col(k, missing)`,
 `at.store(k, value)`). The CPU (avo/row_cpu.h) and the GPU (avo/row_cuda.cuh: its four
 row versions) supply their own.
+
+A costly per-element value that several passes need and that depends on the element's
+inputs only (swish_layernorm's x * sigmoid(x)) is a *kept value*: the first pass computes
+it with `at.keep(h, value)`, the later ones take it with `at.kept(h, value)`. A row that
+holds the row in registers stores it there and computes it once; the others call
+`value` again.
 """
 from __future__ import annotations
 
@@ -23,6 +29,9 @@ from .schedule import OpSchedule, RowKernel, Specialization
 from .tuning import DTYPES as TUNING_DTYPES, TABLES as TUNING_TABLES, ArchTuning
 
 REDUCE_CALL = {"rsum": "sum", "rmax": "max", "rmin": "min"}
+# Operations that cost many instructions per element (libm calls, special-function units):
+# a value containing one is worth keeping rather than computing in every pass.
+COSTLY_OPS = {"exp", "log", "tanh", "erf", "sigmoid", "pow"}
 
 
 def rewrite_node(node: Node, step, memo: dict[int, Node]) -> Node:
@@ -192,6 +201,103 @@ class RowProgram:
         self.leaf_names.update({name: name for name, _ in kernel.scalars})
         self.input_index = {i.name: k for k, i in enumerate(kernel.inputs)}
         self.domains = {i.name: i.domain for i in kernel.inputs}
+        self.kept = self._kept_values()
+        self.kept_names = []
+        for node in self.kept:
+            preferred = self.spec_names.get(node)
+            name = preferred if preferred and preferred not in self.taken else _fresh(self.taken, "kept")
+            self.taken.add(name)
+            self.kept_names.append(name)
+        self.kept_started: set[int] = set()  # kept values some pass computed already
+
+    # -- kept values -------------------------------------------------------------
+
+    def _passes(self) -> list[list[Node]]:
+        """The roots of each pass over the row, in the order apply_lines emits them."""
+        passes = []
+        for stage in self.levels():
+            sums = [r for r in stage if r.op == "rsum"]
+            if len(sums) > 1:
+                passes.append([r.args[0] for r in sums])
+            passes += [[r.args[0]] for r in stage if not (len(sums) > 1 and r.op == "rsum")]
+        last = [self.results[o.name] for o in self.kernel.outputs if o.domain in ("elem", "col")]
+        passes.append([n.args[0] if n.op == "colsum" else n for n in last])
+        return [p for p in passes if p]
+
+    def _kept_values(self) -> list[Node]:
+        """The per-element values worth computing once per element (see the module
+        docstring): the largest subexpressions of the element inputs alone that need a
+        COSTLY_OPS operation whatever their `where` conditions say, that every element
+        computes (not only one branch of a where), and that two or more passes read.
+        Kernels with per-column sums keep none: their registers are spent on the sums.
+        (channel_norm's where(swish, x * sigmoid(x), x) is not kept: without swish it
+        costs nothing, and keeping it would halve the rows that registers hold.)"""
+        if self.kernel.column_outputs:
+            return []
+        element_only: dict[int, bool] = {}
+
+        def only_elements(node: Node) -> bool:
+            if id(node) not in element_only:
+                if node.op == "input":
+                    element_only[id(node)] = self.domains.get(node.value) == "elem"
+                elif not node.args:
+                    element_only[id(node)] = node.domain == "scalar"
+                else:
+                    element_only[id(node)] = node.op not in REDUCTION_OPS and all(only_elements(a) for a in node.args)
+            return element_only[id(node)]
+
+        cost: dict[int, bool] = {}
+
+        def costly(node: Node) -> bool:  # costly on every path: where(c, a, b) only if a and b are
+            if id(node) not in cost:
+                if node.op in COSTLY_OPS:
+                    cost[id(node)] = True
+                elif node.op == "where":
+                    cost[id(node)] = costly(node.args[1]) and costly(node.args[2])
+                else:
+                    cost[id(node)] = any(costly(a) for a in node.args)
+            return cost[id(node)]
+
+        def always_computed(roots: list[Node]) -> list[Node]:  # not only in a branch of a where
+            seen, stack, found = set(), list(roots), []
+            while stack:
+                node = stack.pop()
+                if id(node) in seen:
+                    continue
+                seen.add(id(node))
+                found.append(node)
+                stack += node.args[:1] if node.op == "where" else node.args
+            return found
+
+        uses: dict[int, int] = {}
+        nodes: dict[int, Node] = {}
+        for roots in self._passes():
+            for node in always_computed(roots):
+                if node.args and only_elements(node) and costly(node):
+                    uses[id(node)] = uses.get(id(node), 0) + 1
+                    nodes[id(node)] = node
+        shared = [nodes[k] for k, count in uses.items() if count > 1]
+        inside = {id(n) for big in shared for n in topological_order([big]) if n is not big}
+        return [n for n in shared if id(n) not in inside]
+
+    def _kept_lines(self, order: list[Node], loaded_outside: set[str]) -> list[str]:
+        """The kept values this pass reads (`order`: its nodes), each computed by a lambda
+        that loads what it reads itself (so that a row that kept the value reads no
+        input for it)."""
+        lines = []
+        for h, node in enumerate(self.kept):
+            if not any(n is node for n in order):
+                continue
+            call = "kept" if id(node) in self.kept_started else "keep"
+            self.kept_started.add(id(node))
+            printer = ScopePrinter({"value": node}, self.known, self.leaf_names, self.spec_names,
+                                   self.taken | set(self.kept_names))
+            body = [line for line in self._loads(printer.order) if line.split()[2] not in loaded_outside]
+            body += printer.lines()
+            body[-1] = "return " + body[-1].split(" = ", 1)[1]
+            lines.append(f"const float {self.kept_names[h]} = at.{call}({h}, [&] {{")
+            lines += [f"  {line}" for line in body] + ["});"]
+        return lines
 
     # -- helpers ----------------------------------------------------------------
 
@@ -246,10 +352,16 @@ class RowProgram:
         return f"avo::columns<{', '.join(str(k) for k in read)}>"
 
     def _element_block(self, roots: dict[str, Node]) -> tuple[list[str], str]:
-        """The body of a pass's lambda (its loads, then its math) and its columns tag."""
-        printer = ScopePrinter(roots, self.known, self.leaf_names, self.spec_names, set(self.taken))
+        """The body of a pass's lambda (its loads, its kept values, then its math) and its
+        columns tag."""
+        full_order = topological_order(roots.values(), stop=self.known)
+        known = dict(self.known)
+        known.update({id(n): name for n, name in zip(self.kept, self.kept_names)})
+        printer = ScopePrinter(roots, known, self.leaf_names, self.spec_names, set(self.taken))
         body = printer.lines()
-        return self._loads(printer.order) + body, self._columns_read(printer.order)
+        loads = self._loads(printer.order)
+        kept = self._kept_lines(full_order, {line.split()[2] for line in loads})
+        return loads + kept + body, self._columns_read(full_order)
 
     # -- the program ---------------------------------------------------------------
 
@@ -343,8 +455,13 @@ CHUNK_NOTE = ("// Per-column outputs of the backward: fp32 partial sums per chun
               "// partials summed in chunk order (deterministic, no atomics).")
 
 
-def _programs(kernel: RowKernel) -> list[tuple[Specialization, list[str]]]:
-    return [(specialization, RowProgram(kernel, graph).apply_lines()) for specialization, graph in kernel.graphs]
+def _programs(kernel: RowKernel) -> list[tuple[Specialization, list[str], int]]:
+    """Per specialization: the body of apply(row), and how many kept values it has."""
+    programs = []
+    for specialization, graph in kernel.graphs:
+        program = RowProgram(kernel, graph)
+        programs.append((specialization, program.apply_lines(), len(program.kept)))
+    return programs
 
 
 
@@ -394,7 +511,7 @@ def emit_row_math(s: OpSchedule) -> str:
              "#include <avo/common.h>", "#include <avo/math.h>", "", f"namespace avo::ops::{spec.name} {{", ""]
     lines += [f"// {line}" for line in textwrap.wrap(spec.doc, 86)] + [""]
     for kernel in (s.forward, s.backward):
-        for specialization, apply in _programs(kernel):
+        for specialization, apply, kept in _programs(kernel):
             title = f"{kernel.role.capitalize()} of one row"
             if specialization.choices:
                 title += f", for {specialization.description}"
@@ -416,7 +533,10 @@ def emit_row_math(s: OpSchedule) -> str:
                       "  // The value of per-column input k where the call leaves it out (as in at.load_col).",
                       "  AVO_HOST_DEVICE static constexpr float column_default(int k) { return "
                       + "".join(f"k == {k} ? {column_default(i)} : " for k, i in enumerate(kernel.inputs)
-                                if i.domain == "col") + "0.0f; }", ""]
+                                if i.domain == "col") + "0.0f; }",
+                      "  // Per-element values computed once and kept by rows that hold the row in registers",
+                      "  // (at.keep / at.kept).",
+                      f"  static constexpr int kKeptValues = {kept};", ""]
             lines += ["  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or",
                       "  // avo/row_cuda.cuh.",
                       "  template <typename Precision, typename Row>",

@@ -349,3 +349,33 @@ def test_parameter_gradients_come_from_the_pass_that_writes_the_input_gradient(p
             assert "for_each_with_column_sums" not in calls and calls[-1] == "for_each", calls
         else:
             assert calls[-1] == "for_each_with_column_sums" and "for_each" not in calls, calls
+
+
+def _struct(op: str, role: str) -> str:
+    source = (ROOT / "csrc" / "generated" / f"{op}_math.h").read_text(encoding="utf-8")
+    forward, backward = source.split("struct BackwardMath")
+    return forward if role == "forward" else backward
+
+
+def test_swish_layernorm_keeps_swish_after_its_first_pass():
+    """swish = x * sigmoid(x) is a kept value of the forward: its first pass computes it
+    (at.keep), the other two take it (at.kept). Outside those lambdas no pass reads x or
+    calls sigmoid, so a row that holds swish in registers computes it once per element."""
+    forward = _struct("swish_layernorm", "forward")
+    assert "static constexpr int kKeptValues = 1;" in forward
+    assert [m for m in re.findall(r"at\.(keep|kept)\(0, ", forward)] == ["keep", "kept", "kept"]
+    outside = re.sub(r"at\.(?:keep|kept)\(0, \[&\] \{.*?\n\s*\}\);", "KEPT", forward, flags=re.S)
+    assert outside.count("KEPT") == 3
+    assert "sigmoid" not in outside.split("apply(const Row& row)")[1]
+    assert "at.load(0)" not in outside
+
+
+@pytest.mark.parametrize("op,role", [("layernorm", "forward"), ("softmax", "forward"), ("swish_layernorm", "backward"),
+                                     ("channel_norm", "forward"), ("channel_norm", "backward")])
+def test_no_kept_values_where_they_do_not_pay(op, role):
+    """Nothing costly to keep (layernorm; softmax's exp depends on the row maximum); a
+    backward with per-column sums (its registers hold the sums); a value computed in one
+    branch of a where only (channel_norm's swish, off by default)."""
+    struct = _struct(op, role)
+    assert "static constexpr int kKeptValues = 0;" in struct
+    assert "at.keep(" not in struct and "at.kept(" not in struct

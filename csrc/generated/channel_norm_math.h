@@ -30,6 +30,9 @@ struct ForwardMath {
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
   // The value of per-column input k where the call leaves it out (as in at.load_col).
   AVO_HOST_DEVICE static constexpr float column_default(int k) { return 0.0f; }
+  // Per-element values computed once and kept by rows that hold the row in registers
+  // (at.keep / at.kept).
+  static constexpr int kKeptValues = 0;
 
   // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
   // avo/row_cuda.cuh.
@@ -80,6 +83,9 @@ struct BackwardMath {
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
   // The value of per-column input k where the call leaves it out (as in at.load_col).
   AVO_HOST_DEVICE static constexpr float column_default(int k) { return 0.0f; }
+  // Per-element values computed once and kept by rows that hold the row in registers
+  // (at.keep / at.kept).
+  static constexpr int kKeptValues = 0;
 
   // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
   // avo/row_cuda.cuh.

@@ -27,6 +27,9 @@ struct ForwardMath {
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
   // The value of per-column input k where the call leaves it out (as in at.load_col).
   AVO_HOST_DEVICE static constexpr float column_default(int k) { return k == 1 ? 1.0f : k == 2 ? 0.0f : 0.0f; }
+  // Per-element values computed once and kept by rows that hold the row in registers
+  // (at.keep / at.kept).
+  static constexpr int kKeptValues = 1;
 
   // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
   // avo/row_cuda.cuh.
@@ -35,15 +38,19 @@ struct ForwardMath {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
     const float sum_0 = row.sum(avo::columns<>, [&](const auto& at) {
-      const float x = at.load(0);
-      const float swish = x * F::sigmoid(x);
+      const float swish = at.keep(0, [&] {
+        const float x = at.load(0);
+        return x * F::sigmoid(x);
+      });
       const float term = swish;
       return term;
     });
     const float mu = sum_0 / length;
     const float sum_1 = row.sum(avo::columns<>, [&](const auto& at) {
-      const float x = at.load(0);
-      const float swish = x * F::sigmoid(x);
+      const float swish = at.kept(0, [&] {
+        const float x = at.load(0);
+        return x * F::sigmoid(x);
+      });
       const float centered = swish - mu;
       const float term = centered * centered;
       return term;
@@ -52,10 +59,12 @@ struct ForwardMath {
     row.store_row_f32(1, mu);
     row.store_row_f32(2, rstd);
     row.for_each(avo::columns<1, 2>, [&](const auto& at) {
-      const float x = at.load(0);
       const float weight = at.load_col(1, 1.0f);
       const float bias = at.load_col(2, 0.0f);
-      const float swish = x * F::sigmoid(x);
+      const float swish = at.kept(0, [&] {
+        const float x = at.load(0);
+        return x * F::sigmoid(x);
+      });
       const float centered = swish - mu;
       const float y = centered * rstd * weight + bias;
       at.store(0, y);
@@ -76,6 +85,9 @@ struct BackwardMath {
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return k == 0 ? 1 : k == 1 ? 2 : -1; }
   // The value of per-column input k where the call leaves it out (as in at.load_col).
   AVO_HOST_DEVICE static constexpr float column_default(int k) { return k == 4 ? 1.0f : k == 5 ? 0.0f : 0.0f; }
+  // Per-element values computed once and kept by rows that hold the row in registers
+  // (at.keep / at.kept).
+  static constexpr int kKeptValues = 0;
 
   // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
   // avo/row_cuda.cuh.

@@ -23,6 +23,11 @@ struct SerialRow : RowView<T, Args> {
     float load(int k) const { return row.load(k, n); }
     float load_col(int k, float missing) const { return row.load_col(k, n, missing); }
     void store(int k, float value) const { row.store(k, n, value); }
+    // Kept values (see generator/emit_row.py) are computed again in every pass here.
+    template <typename F>
+    float keep(int, F value) const { return value(); }
+    template <typename F>
+    float kept(int, F value) const { return value(); }
   };
 
   // Every pass takes the per-column inputs it reads (Columns, row_args.h) first; the

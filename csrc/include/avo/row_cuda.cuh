@@ -6,8 +6,9 @@
 //    registers. A group of G threads (a power of two, up to kMaxGroupThreads<Math>) takes
 //    a row; each thread holds up to P vectors of V elements of every per-element input,
 //    vector i of thread `lane` being the row's vector i * G + lane (coalesced). P is
-//    kRowVectors<Math>. V is 16 bytes' worth of elements when every row starts 16-byte
-//    aligned and the length is a multiple of it, else 1. Short rows share a block
+//    kRowVectors<Math> (kClusterRowVectors<Math> for a cluster row). V is 16 bytes'
+//    worth of elements when every row starts 16-byte aligned and the length is a
+//    multiple of it, else 1. Short rows share a block
 //    (several groups of G < kRowBlockThreads). Pipelined (from a measured length on,
 //    where the kernel has the registers: kCanPipeline), a group loads its next row
 //    before it computes the current one.
@@ -240,9 +241,14 @@ __device__ __forceinline__ void load_column_vectors(const Args& args, int64_t v,
 }
 
 // Vectors per thread of a RegisterRow, and its largest group (its block): smaller when
-// the thread also keeps per-column sums or caches several inputs, so nothing spills.
+// the thread also keeps per-column sums or kept values (V floats a vector), or caches
+// several inputs, so nothing spills. A cluster row keeps no values (it computes them in
+// every pass) and so holds as many vectors as without: with half, swish_layernorm's
+// rows of 262144 no longer fit a cluster and lost 14% in the global version.
 template <typename Math>
-constexpr int kRowVectors = Math::kColumnSums > 0 ? 2 : 4;
+constexpr int kClusterRowVectors = Math::kColumnSums > 0 ? 2 : 4;
+template <typename Math>
+constexpr int kRowVectors = Math::kKeptValues > 0 ? 2 : kClusterRowVectors<Math>;
 template <typename Math>
 constexpr int kMaxGroupThreads = Math::kColumnSums > 0 || (Math::kElementInputs & (Math::kElementInputs - 1)) ? 512 : 1024;
 
@@ -260,7 +266,8 @@ constexpr int kRowBlocksPerSM = kMaxGroupThreads<Math> <= 512 && Math::kColumnSu
 // kClustered the group is every thread of a thread-block cluster.
 template <typename T, typename Args, typename Math, int V, bool kClustered = false>
 struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, kClustered>> {
-  static constexpr int P = kRowVectors<Math>;
+  static constexpr int P = kClustered ? kClusterRowVectors<Math> : kRowVectors<Math>;
+  static constexpr bool kKeeps = !kClustered && Math::kKeptValues > 0;
   using RowView<T, Args>::args;
   using RowView<T, Args>::r;
   using Vector = Vec<T, V>;
@@ -281,6 +288,9 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
   ColumnSums* columns;  // nullptr when the call wants no per-column outputs
   unsigned* exchanges;  // kClustered: the cluster exchanges so far (cluster_combine)
   Vectors cache;
+  // The kept values of this thread's elements (at.keep, in the row's first pass that
+  // reads them); later passes read them here instead of computing them again.
+  mutable float kept[kKeeps ? Math::kKeptValues : 1][kKeeps ? P : 1][kKeeps ? V : 1];
 
   // Loads this thread's vectors of row `row`.
   __device__ __forceinline__ RegisterRow(const Args& a, int64_t row, bool is_active, int group_lane, int threads,
@@ -324,6 +334,18 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
     // A missing input's vector holds Math::column_default(k), the same value as `missing`.
     __device__ __forceinline__ float load_col(int k, float) const { return columns[k].get(j); }
     __device__ __forceinline__ void store(int k, float value) const { staged[k].v[j] = Element<T>::from_float(value); }
+    // Kept value h: computed by `value` and stored (keep), or read back (kept); a
+    // cluster row computes it each time.
+    template <typename F>
+    __device__ __forceinline__ float keep(int h, F value) const {
+      if constexpr (kKeeps) return row.kept[h][i][j] = value();
+      else return value();
+    }
+    template <typename F>
+    __device__ __forceinline__ float kept(int h, F value) const {
+      if constexpr (kKeeps) return row.kept[h][i][j];
+      else return value();
+    }
   };
 
   // Calls visit(i, v, columns) for each of this thread's vectors, `columns` holding
@@ -429,6 +451,11 @@ struct VectorAt {
   // A missing input's vector holds Math::column_default(k), the same value as `missing`.
   __device__ __forceinline__ float load_col(int k, float) const { return in[k].get(j); }
   __device__ __forceinline__ void store(int k, float value) const { staged_out[k].v[j] = Element<T>::from_float(value); }
+  // Kept values are computed again in every pass: these rows hold no element values.
+  template <typename F>
+  __device__ __forceinline__ float keep(int, F value) const { return value(); }
+  template <typename F>
+  __device__ __forceinline__ float kept(int, F value) const { return value(); }
 };
 
 // The passes of a row type whose vectors arrive with every input they need loaded
@@ -711,7 +738,7 @@ struct RowTurn {
 // take registers that a second block needed (rmsnorm's fp32 backward, 64 to 85
 // registers, lost up to 32%).
 template <typename Math>
-constexpr bool kCanPipeline = Math::kColumnSums == 0 && kElementInputCount<Math> * kRowVectors<Math> * 4 <= 16;
+constexpr bool kCanPipeline = Math::kColumnSums == 0 && kElementInputCount<Math> * kClusterRowVectors<Math> * 4 <= 16;
 
 // Runs run(turn, vectors) for the rows turn_at(0), ..., turn_at(count - 1) in order, with
 // this thread's vectors of each, those of row t + 1 loaded before row t's math runs: the
@@ -1057,7 +1084,7 @@ template <typename T, typename Args, typename Math, int V>
 bool launch_cluster_rows(const Args& args, const Math& math, int64_t vectors, bool chunked, cudaStream_t stream,
                          bool dry_run) {
   if (current_device_info().arch < 90) return false;
-  const int64_t threads = threads_for(vectors, kRowVectors<Math>);
+  const int64_t threads = threads_for(vectors, kClusterRowVectors<Math>);
   const int block = cluster_block_threads<Math>(threads);
   const int64_t blocks = (threads + block - 1) / block < 2 ? 2 : (threads + block - 1) / block;
   if (blocks > kMaxClusterBlocks) return false;
