@@ -116,6 +116,22 @@ def previous_file(path: str, arch: int) -> dict:
     return data
 
 
+def merged_file(previous: dict, found: dict, measurements: list[dict], run: dict, header: dict) -> dict:
+    """The tuning file after a run: `previous` (the file it writes over, or {}) with the
+    thresholds `found` ((op, kernel, dtype) -> table -> vectors or None) set, the run
+    added to "runs" (a file of one run has its date and command at the top level) and
+    its measurements added, each tagged with its run's place in "runs"."""
+    tables = {name: json.loads(json.dumps(previous.get(name, {}))) for name in TABLE_VERSIONS}
+    for (op, role, dtype), values in found.items():
+        for name, value in values.items():
+            tables[name].setdefault(op, {}).setdefault(role, {})[dtype] = value
+    runs = previous.get("runs", [{k: previous[k] for k in ("date", "command", "torch", "cuda") if k in previous}]
+                        if previous else [])
+    kept = [{"run": 0, **m} for m in previous.get("measurements", [])]
+    return {**header, "runs": runs + [run], **tables,
+            "measurements": kept + [{"run": len(runs), **m} for m in measurements]}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ops", default=",".join(ROW_OPS))
@@ -129,10 +145,6 @@ def main(argv=None) -> int:
     p.add_argument("--tolerance", type=float, default=0.03)
     p.add_argument("--out", help="default: tuning/sm_<arch>.json in the repository")
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("tune_rows: no CUDA device", file=sys.stderr)
-        return 1
-    import avo_ops
 
     ops = [o for o in args.ops.split(",") if o]
     unknown = set(ops) - set(ROW_OPS)
@@ -151,6 +163,11 @@ def main(argv=None) -> int:
         p.error(f"tables: {', '.join(t.removesuffix('_min_vectors') for t in TABLE_VERSIONS)}")
     versions = [v for v in VERSIONS if any(v in TABLE_VERSIONS[t] for t in table_names)]
     lengths = sorted(int(n) for n in args.row_lengths.split(","))
+    if not torch.cuda.is_available():
+        print("tune_rows: no CUDA device", file=sys.stderr)
+        return 1
+    import avo_ops
+
     major, minor = torch.cuda.get_device_capability()
     arch = major * 10 + minor
     out = args.out or os.path.join(ROOT, "tuning", f"sm_{arch}.json")
@@ -159,7 +176,6 @@ def main(argv=None) -> int:
     timer = bench_ops.Timer(args.reps, warmup=5)
     plan = [(op, d, dtype, n) for op in ops for d in directions for dtype in dtypes for n in lengths]
     measurements = []
-    tables = {name: previous.get(name, {}) for name in TABLE_VERSIONS}
     with torch.no_grad():
         for i, (op, direction, dtype_name, n) in enumerate(plan, 1):
             case = bench_cases.find_case(op, direction)
@@ -172,33 +188,23 @@ def main(argv=None) -> int:
                                  **{f"{v}_us": round(times[v], 2) for v in versions}})
             print(f"[{i}/{len(plan)}] {op}.{direction} {dtype_name} N={n}: "
                   + ", ".join(f"{v} {times[v]:.1f} us" for v in versions), file=sys.stderr, flush=True)
+    found = {}
     for op in ops:
         for role in kernels:
             for dtype_name in dtypes:
-                found = thresholds([m for m in measurements if (m["op"], m["kernel"], m["dtype"]) == (op, role, dtype_name)],
-                                   table_names, args.margin, args.tolerance)
-                for name, value in found.items():
-                    tables[name].setdefault(op, {}).setdefault(role, {})[dtype_name] = value
-    # The runs that wrote into the file (a file of one run has its fields at the top), and
-    # their measurements, each tagged with its run's place in "runs".
-    runs = previous.get("runs", [{k: previous[k] for k in ("date", "command", "torch", "cuda") if k in previous}]
-                        if previous else [])
-    kept = [{"run": 0, **m} for m in previous.get("measurements", [])]
-    measurements = [{"run": len(runs), **m} for m in measurements]
-    result = {
-        "arch": arch,
-        "gpu": torch.cuda.get_device_name(),
-        # every run that wrote into this file, the latest last
-        "runs": runs + [{"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                         "command": shlex.join([os.path.basename(sys.executable), *sys.argv]),
-                         "torch": torch.__version__, "cuda": torch.version.cuda}],
-        "rule": f"staged from the shortest row where it is faster than register by more than {args.margin:.0%} "
-                f"and slower by no more than {args.tolerance:.0%} at every longer row (N <= {STAGED_MAX_LENGTH}); "
-                f"pipelined the same against register; global the same against the fastest of register, "
-                f"staged and cluster; null: never",
-        **tables,
-        "measurements": kept + measurements,
-    }
+                found[(op, role, dtype_name)] = thresholds(
+                    [m for m in measurements if (m["op"], m["kernel"], m["dtype"]) == (op, role, dtype_name)],
+                    table_names, args.margin, args.tolerance)
+    run = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "command": shlex.join([os.path.basename(sys.executable), *sys.argv]),
+           "torch": torch.__version__, "cuda": torch.version.cuda}
+    rule = (f"staged from the shortest row where it is faster than register by more than {args.margin:.0%} "
+            f"and slower by no more than {args.tolerance:.0%} at every longer row (N <= {STAGED_MAX_LENGTH}); "
+            f"pipelined the same against register; global the same against the fastest of register, "
+            f"staged and cluster; null: never")
+    result = merged_file(previous, found, measurements, run, {"arch": arch, "gpu": torch.cuda.get_device_name(),
+                                                              "rule": rule})
+    tables = {name: result[name] for name in TABLE_VERSIONS}
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)

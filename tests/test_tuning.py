@@ -142,3 +142,26 @@ def test_pipelined_threshold_is_against_register_on_rows_registers_hold():
     points = [m(256, 10, 10.8), m(1024, 10, 10.4), m(4096, 10, 9), m(16384, 10, 9.5), m(65536, 20, 15)]
     assert thresholds(points, ["pipelined_min_vectors"], 0.01, 0.03) == {"pipelined_min_vectors": 512}
     assert thresholds(points[:2] + points[4:], ["pipelined_min_vectors"], 0.01, 0.03) == {"pipelined_min_vectors": None}
+
+
+def test_a_partial_run_keeps_what_it_did_not_measure():
+    from tune_rows import merged_file
+
+    previous = {"arch": 90, "gpu": "NVIDIA H200", "date": "d0", "command": "tune_rows.py", "torch": "t", "cuda": "c",
+                "staged_min_vectors": {"softmax": {"forward": {"float16": 512}}},
+                "global_min_vectors": {"softmax": {"forward": {"float16": 8192}}},
+                "measurements": [{"op": "softmax", "kernel": "forward", "dtype": "float16", "row_length": 256,
+                                  "register_us": 10.0}]}
+    found = {("softmax", "forward", "float16"): {"pipelined_min_vectors": 64}}
+    new = [{"op": "softmax", "kernel": "forward", "dtype": "float16", "row_length": 256, "pipelined_us": 9.0}]
+    merged = merged_file(previous, found, new, {"date": "d1", "command": "tune_rows.py --tables pipelined"},
+                         {"arch": 90, "gpu": "NVIDIA H200", "rule": "r"})
+    assert merged["staged_min_vectors"] == previous["staged_min_vectors"]
+    assert merged["global_min_vectors"] == previous["global_min_vectors"]
+    assert merged["pipelined_min_vectors"] == {"softmax": {"forward": {"float16": 64}}}
+    assert [r["date"] for r in merged["runs"]] == ["d0", "d1"]
+    assert [(m["run"], "pipelined_us" in m) for m in merged["measurements"]] == [(0, False), (1, True)]
+    # a second partial run adds a third entry and keeps the tags of the first two
+    again = merged_file(merged, {}, new, {"date": "d2"}, {"arch": 90})
+    assert [m["run"] for m in again["measurements"]] == [0, 1, 2]
+    assert previous["staged_min_vectors"] == {"softmax": {"forward": {"float16": 512}}}  # not modified
