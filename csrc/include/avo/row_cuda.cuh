@@ -8,10 +8,10 @@
 //    vector i of thread `lane` being the row's vector i * G + lane (coalesced). P is
 //    kRowVectors<Math> (kClusterRowVectors<Math> for a cluster row). V is 16 bytes'
 //    worth of elements when every row starts 16-byte aligned and the length is a
-//    multiple of it, else 1. Short rows share a block
-//    (several groups of G < kRowBlockThreads). Pipelined (from a measured length on,
-//    where the kernel has the registers: kCanPipeline), a group loads its next row
-//    before it computes the current one.
+//    multiple of it, else 1. Short rows share a block (several groups of G <
+//    kRowBlockThreads). Pipelined (from a measured length on, where the kernel has the
+//    registers: kCanPipeline), a group loads its next row before it computes the
+//    current one.
 //  - StagedRow, for longer aligned rows that fit in shared memory: a block takes a row;
 //    its per-element inputs are copied into shared memory with cp.async, kStages rows
 //    at a time, so that the next rows arrive while the block computes the current one.
