@@ -212,14 +212,18 @@ class RowProgram:
 
     # -- kept values -------------------------------------------------------------
 
+    @staticmethod
+    def _stage_passes(stage: list[Node]) -> list[list[Node]]:
+        """The passes over the row that compute one level's reductions: its sums together
+        when there are several (one pass, one exchange), every other reduction alone."""
+        sums = [r for r in stage if r.op == "rsum"]
+        if len(sums) < 2:
+            return [[r] for r in stage]
+        return [sums] + [[r] for r in stage if r.op != "rsum"]
+
     def _passes(self) -> list[list[Node]]:
         """The roots of each pass over the row, in the order apply_lines emits them."""
-        passes = []
-        for stage in self.levels():
-            sums = [r for r in stage if r.op == "rsum"]
-            if len(sums) > 1:
-                passes.append([r.args[0] for r in sums])
-            passes += [[r.args[0]] for r in stage if not (len(sums) > 1 and r.op == "rsum")]
+        passes = [[r.args[0] for r in reductions] for stage in self.levels() for reductions in self._stage_passes(stage)]
         last = [self.results[o.name] for o in self.kernel.outputs if o.domain in ("elem", "col")]
         passes.append([n.args[0] if n.op == "colsum" else n for n in last])
         return [p for p in passes if p]
@@ -280,10 +284,10 @@ class RowProgram:
         inside = {id(n) for big in shared for n in topological_order([big]) if n is not big}
         return [n for n in shared if id(n) not in inside]
 
-    def _kept_lines(self, order: list[Node], loaded_outside: set[str]) -> list[str]:
+    def _kept_lines(self, order: list[Node], loaded_outside: list[Node]) -> list[str]:
         """The kept values this pass reads (`order`: its nodes), each computed by a lambda
-        that loads what it reads itself (so that a row that kept the value reads no
-        input for it)."""
+        that loads what it reads and the pass does not load outside it (so that a row
+        that kept the value reads no input for it)."""
         lines = []
         for h, node in enumerate(self.kept):
             if not any(n is node for n in order):
@@ -292,9 +296,11 @@ class RowProgram:
             self.kept_started.add(id(node))
             printer = ScopePrinter({"value": node}, self.known, self.leaf_names, self.spec_names,
                                    self.taken | set(self.kept_names))
-            body = [line for line in self._loads(printer.order) if line.split()[2] not in loaded_outside]
-            body += printer.lines()
-            body[-1] = "return " + body[-1].split(" = ", 1)[1]
+            outside = {id(n) for n in loaded_outside}
+            body = self._loads([n for n in printer.order if id(n) not in outside]) + printer.lines()
+            root = "const float value = "
+            assert body[-1].startswith(root), body[-1]  # ScopePrinter declares its root last
+            body[-1] = "return " + body[-1][len(root):]
             lines.append(f"const float {self.kept_names[h]} = at.{call}({h}, [&] {{")
             lines += [f"  {line}" for line in body] + ["});"]
         return lines
@@ -360,7 +366,7 @@ class RowProgram:
         printer = ScopePrinter(roots, known, self.leaf_names, self.spec_names, set(self.taken))
         body = printer.lines()
         loads = self._loads(printer.order)
-        kept = self._kept_lines(full_order, {line.split()[2] for line in loads})
+        kept = self._kept_lines(full_order, printer.order)
         return loads + kept + body, self._columns_read(full_order)
 
     # -- the program ---------------------------------------------------------------
@@ -385,12 +391,11 @@ class RowProgram:
                 self.known[id(leaves[i.name])] = i.name
         for stage in self.levels():
             lines += self._hoist([r.args[0] for r in stage])
-            sums = [r for r in stage if r.op == "rsum"]
-            if len(sums) > 1:  # independent sums: one pass over the row, one exchange
-                lines += self._fused_sums(sums)
-            for r in stage:
-                if len(sums) > 1 and r.op == "rsum":
+            for reductions in self._stage_passes(stage):
+                if len(reductions) > 1:  # independent sums: one pass over the row, one exchange
+                    lines += self._fused_sums(reductions)
                     continue
+                r = reductions[0]
                 name = _fresh(self.taken, f"{REDUCE_CALL[r.op]}_")
                 block, columns = self._element_block({"term": r.args[0]})
                 lines.append(f"const float {name} = row.{REDUCE_CALL[r.op]}({columns}, [&](const auto& at) {{")
