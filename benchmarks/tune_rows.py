@@ -9,19 +9,23 @@ For every row op (the ops of csrc/include/avo/row_cuda.cuh), kernel (forward, ba
 dtype (float16, bfloat16, float32) and row length N (powers of two from 256 to 262144, as
 many rows as fit in --elements elements), it times torch.ops.avo.<op>[_backward] with
 every call forced onto each version in turn: register, pipelined (the register version
-loading the next row ahead), staged, cluster, global (avo_ops._C.set_row_version; a call
+loading the next row ahead), staged, cluster, global, tiled (avo_ops._C.set_row_version; a call
 that cannot take the forced version takes the table's choice, so where a version does
 not fit its run times another kernel). Timing is bench_ops.py's: CUDA events, median of
 --reps calls, inputs rotated beyond L2.
 
-Three thresholds per (op, kernel, dtype), in 16-byte vectors, each the shortest row from
+Four thresholds per (op, kernel, dtype), in 16-byte vectors, each the shortest row from
 which a version is faster by more than --margin at that length and no slower by more than
 --tolerance at every longer one; null (never) when there is none. The tolerance is wider
 than the margin because beyond the other versions' limits every forced run takes the same
 kernel, and two runs of one kernel differed by up to 1.7% on the H200:
   - staged_min_vectors: staged against register, over N up to 32768 (beyond, neither fits);
   - global_min_vectors: global against the fastest of register, staged and cluster;
-  - pipelined_min_vectors: pipelined against register, over N up to 32768.
+  - pipelined_min_vectors: pipelined against register, over N up to 32768;
+  - tiled_min_vectors: tiled against the fastest of register, staged, cluster and global
+    (it takes backwards with per-column sums only: elsewhere a forced tiled run takes the
+    table's choice, one of the versions it is compared with, and does not win by the
+    margin).
 --tables computes some of them (and times only the versions they compare); --ops,
 --kernels and --dtypes limit what is measured. Whatever a run does not measure is kept
 from the file it writes over. The file also keeps every time measured, the GPU, the
@@ -56,11 +60,12 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 ROLES = {"fwd": "forward", "bwd": "backward"}
 DEFAULT_LENGTHS = [256 << i for i in range(11)]  # 256 ... 262144
 STAGED_MAX_LENGTH = 32768  # the longest row of one input the staged version holds (bf16/fp16)
-VERSIONS = ("register", "pipelined", "staged", "cluster", "global")
+VERSIONS = ("register", "pipelined", "staged", "cluster", "global", "tiled")
 # The versions each table compares.
 TABLE_VERSIONS = {"staged_min_vectors": ("register", "staged"),
                   "global_min_vectors": ("register", "staged", "cluster", "global"),
-                  "pipelined_min_vectors": ("register", "pipelined")}
+                  "pipelined_min_vectors": ("register", "pipelined"),
+                  "tiled_min_vectors": ("register", "staged", "cluster", "global", "tiled")}
 
 
 def time_version(avo_ops, case, shape, dtype, version: str, timer: bench_ops.Timer) -> float:
@@ -102,6 +107,10 @@ def thresholds(measurements: list[dict], tables: list[str], margin: float, toler
     if "pipelined_min_vectors" in tables:
         found["pipelined_min_vectors"] = threshold([(m["vectors"], m["register_us"], m["pipelined_us"]) for m in short],
                                                    margin, tolerance)
+    if "tiled_min_vectors" in tables:
+        best_other = [(m["vectors"], min(m[f"{v}_us"] for v in ("register", "staged", "cluster", "global")),
+                       m["tiled_us"]) for m in measurements]
+        found["tiled_min_vectors"] = threshold(best_other, margin, tolerance)
     return found
 
 
@@ -201,7 +210,8 @@ def main(argv=None) -> int:
     rule = (f"staged from the shortest row where it is faster than register by more than {args.margin:.0%} "
             f"and slower by no more than {args.tolerance:.0%} at every longer row (N <= {STAGED_MAX_LENGTH}); "
             f"pipelined the same against register; global the same against the fastest of register, "
-            f"staged and cluster; null: never")
+            f"staged and cluster; tiled the same against the fastest of register, staged, cluster and global; "
+            f"null: never")
     result = merged_file(previous, found, measurements, run, {"arch": arch, "gpu": torch.cuda.get_device_name(),
                                                               "rule": rule})
     tables = {name: result[name] for name in TABLE_VERSIONS}

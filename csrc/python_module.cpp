@@ -17,7 +17,7 @@ PyObject* built_with_cuda(PyObject*, PyObject*) {
 #endif
 }
 
-// set_row_version(name): "auto", "register", "pipelined", "staged", "cluster" or "global".
+// set_row_version(name): "auto", "register", "pipelined", "staged", "cluster", "global" or "tiled".
 PyObject* set_row_version(PyObject*, PyObject* arg) {
   const char* name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : nullptr;
   if (name == nullptr) {
@@ -32,7 +32,8 @@ PyObject* set_row_version(PyObject*, PyObject* arg) {
                   {"pipelined", avo::RowVersion::kPipelined},
                   {"staged", avo::RowVersion::kStaged},
                   {"cluster", avo::RowVersion::kCluster},
-                  {"global", avo::RowVersion::kGlobal}};
+                  {"global", avo::RowVersion::kGlobal},
+                  {"tiled", avo::RowVersion::kTiled}};
   for (const auto& v : versions) {
     if (std::strcmp(name, v.name) == 0) {
       avo::forced_row_version() = v.version;
@@ -40,7 +41,7 @@ PyObject* set_row_version(PyObject*, PyObject* arg) {
     }
   }
   PyErr_Format(PyExc_ValueError,
-               "set_row_version: unknown version '%s'; expected 'auto', 'register', 'pipelined', 'staged', 'cluster' or 'global'",
+               "set_row_version: unknown version '%s'; expected 'auto', 'register', 'pipelined', 'staged', 'cluster', 'global' or 'tiled'",
                name);
   return nullptr;
 }

@@ -378,6 +378,10 @@ class RowProgram:
         depth = max((reduction_depth(r, memo) for r in reductions), default=0)
         return [[r for r in reductions if reduction_depth(r, memo) == d] for d in range(1, depth + 1)]
 
+    def reduction_passes(self) -> int:
+        """How many passes over the row reduce it (a row.sum, row.max or row.sums each)."""
+        return sum(len(self._stage_passes(stage)) for stage in self.levels())
+
     def apply_lines(self) -> list[str]:
         lines = ["[[maybe_unused]] const float length = float(row.length());"]
         leaves = {n.value: n for n in topological_order(self.results.values()) if n.op == "input"}
@@ -460,12 +464,13 @@ CHUNK_NOTE = ("// Per-column outputs of the backward: fp32 partial sums per chun
               "// partials summed in chunk order (deterministic, no atomics).")
 
 
-def _programs(kernel: RowKernel) -> list[tuple[Specialization, list[str], int]]:
-    """Per specialization: the body of apply(row), and how many kept values it has."""
+def _programs(kernel: RowKernel) -> list[tuple[Specialization, list[str], int, int]]:
+    """Per specialization: the body of apply(row), how many kept values it has, and how
+    many of its passes over the row reduce it."""
     programs = []
     for specialization, graph in kernel.graphs:
         program = RowProgram(kernel, graph)
-        programs.append((specialization, program.apply_lines(), len(program.kept)))
+        programs.append((specialization, program.apply_lines(), len(program.kept), program.reduction_passes()))
     return programs
 
 
@@ -516,7 +521,7 @@ def emit_row_math(s: OpSchedule) -> str:
              "#include <avo/common.h>", "#include <avo/math.h>", "", f"namespace avo::ops::{spec.name} {{", ""]
     lines += [f"// {line}" for line in textwrap.wrap(spec.doc, 86)] + [""]
     for kernel in (s.forward, s.backward):
-        for specialization, apply, kept in _programs(kernel):
+        for specialization, apply, kept, reduction_passes in _programs(kernel):
             title = f"{kernel.role.capitalize()} of one row"
             if specialization.choices:
                 title += f", for {specialization.description}"
@@ -541,7 +546,9 @@ def emit_row_math(s: OpSchedule) -> str:
                                 if i.domain == "col") + "0.0f; }",
                       "  // Per-element values computed once and kept by rows that hold the row in registers",
                       "  // (at.keep / at.kept).",
-                      f"  static constexpr int kKeptValues = {kept};", ""]
+                      f"  static constexpr int kKeptValues = {kept};",
+                      "  // Passes over the row that reduce it (row.sum, row.max, row.sums, ...).",
+                      f"  static constexpr int kReductionPasses = {reduction_passes};", ""]
             lines += ["  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or",
                       "  // avo/row_cuda.cuh.",
                       "  template <typename Precision, typename Row>",
@@ -574,8 +581,9 @@ def _dispatch_table(s: OpSchedule, tunings: list[ArchTuning]) -> list[str]:
         "// \"global\" line on, else StagedRow from that of the \"staged\" line on (where it",
         "// fits), RegisterRow below it (where it fits; pipelined from the length of the",
         "// \"pipelined\" line on, where the kernel can be), the cluster version or GlobalRow",
-        "// otherwise; \"never\": only where no other version fits. Measured by",
-        "// benchmarks/tune_rows.py (tuning/sm_<arch>.json).",
+        "// otherwise; before all of them, the tiled version from the length of the \"tiled\"",
+        "// line on (a backward with per-column sums, where it can be); \"never\": only where",
+        "// no other version fits. Measured by benchmarks/tune_rows.py (tuning/sm_<arch>.json).",
         f"//   | {'kernel':8} | {'GPU':{width}} | {'from':9} | " + " | ".join(f"{d:>8}" for d in TUNING_DTYPES) + " |",
     ]
     for kernel, rows in kernels:

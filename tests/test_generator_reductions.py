@@ -379,3 +379,16 @@ def test_no_kept_values_where_they_do_not_pay(op, role):
     struct = _struct(op, role)
     assert "static constexpr int kKeptValues = 0;" in struct
     assert "at.keep(" not in struct and "at.kept(" not in struct
+
+
+@pytest.mark.parametrize("path", ROW_MATH, ids=lambda p: p.name)
+def test_reduction_passes_count_the_calls_that_reduce_the_row(path):
+    """kReductionPasses (which lets a backward take the tiled version when it is 1) is the
+    number of row.sum / row.max / row.min / row.sums calls of apply."""
+    structs = path.read_text(encoding="utf-8").split("\nstruct ")[1:]
+    assert structs
+    for struct in structs:
+        declared = re.search(r"static constexpr int kReductionPasses = (\d+);", struct)
+        assert declared, struct[:60]
+        calls = re.findall(r"row\.(?:template )?(?:sum|max|min|sums)\(", struct)
+        assert int(declared.group(1)) == len(calls), struct[:60]

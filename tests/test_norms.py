@@ -538,8 +538,9 @@ def test_non_contiguous_gradient_argument(device):
 # Rows of 16-byte-aligned lengths from one vector to the register and shared-memory
 # limits, and beyond them (65536: a cluster of 2 to 8 blocks, or the global version);
 # 600 rows make 200 chunks of 3 rows for the parameter-gradient partials, 7 rows chunks
-# of one row (csrc/row_binding.h).
-VERSION_SHAPES = [(600, 8), (600, 1024), (600, 4096), (7, 16384), (3, 32768), (5, 65536)]
+# of one row (csrc/row_binding.h). The tiled version takes rows of two tiles or more (4096 16-bit or 2048 fp32 elements a
+# tile); 40x12296 ends in a tile of one or two vectors.
+VERSION_SHAPES = [(600, 8), (600, 1024), (600, 4096), (7, 16384), (3, 32768), (5, 65536), (40, 12296)]
 
 
 @pytest.fixture
@@ -550,7 +551,8 @@ def row_version(request):
 
 
 @needs_cuda
-@pytest.mark.parametrize("row_version", ["register", "pipelined", "staged", "cluster", "global", "auto"], indirect=True)
+@pytest.mark.parametrize("row_version", ["register", "pipelined", "staged", "cluster", "global", "tiled", "auto"],
+                         indirect=True)
 @pytest.mark.parametrize("shape", VERSION_SHAPES, ids=str)
 @pytest.mark.parametrize("name", ALL)
 def test_every_kernel_version_matches_float64(name, shape, row_version, dtype):

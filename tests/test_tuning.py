@@ -40,8 +40,9 @@ def test_without_tuning_files_every_gpu_gets_the_default(tmp_path):
     assert "//   | forward  | any other GPU | staged    |    never |    never |    never |" in cu
     assert "//   | forward  | any other GPU | global    |    never |    never |    never |" in cu
     assert "//   | forward  | any other GPU | pipelined |    never |    never |    never |" in cu
+    assert "//   | backward | any other GPU | tiled     |    never |    never |    never |" in cu
     never = "{avo::kNever, avo::kNever, avo::kNever}"
-    assert f"{{0, {never}, {never}, {never}}}," in cu
+    assert f"{{0, {never}, {never}, {never}, {never}}}," in cu
     assert "avo::row_thresholds<T>(kForwardTuning)" in cu and "avo::row_thresholds<T>(kBackwardTuning)" in cu
 
 
@@ -50,7 +51,8 @@ def test_a_tuning_file_sets_the_thresholds_of_its_arch(tmp_path):
               "staged_min_vectors": {"softmax": {"forward": {"float16": 512, "bfloat16": None, "float32": 2048},
                                                  "backward": {"float32": 1024}}},
               "global_min_vectors": {"softmax": {"forward": {"float32": 4096}}},
-              "pipelined_min_vectors": {"softmax": {"forward": {"bfloat16": 256}}}}
+              "pipelined_min_vectors": {"softmax": {"forward": {"bfloat16": 256}}},
+              "tiled_min_vectors": {"softmax": {"backward": {"float16": 2048}}}}
     cu = _softmax_cu(_tree(tmp_path, tuning))
     assert "//   | forward  | sm_90 (NVIDIA H200) | staged    |      512 |    never |     2048 |" in cu
     assert "//   | forward  | sm_90 (NVIDIA H200) | global    |    never |    never |     4096 |" in cu
@@ -58,18 +60,21 @@ def test_a_tuning_file_sets_the_thresholds_of_its_arch(tmp_path):
     assert "//   | backward | sm_90 (NVIDIA H200) | global    |    never |    never |    never |" in cu
     assert "//   | forward  | sm_90 (NVIDIA H200) | pipelined |    never |      256 |    never |" in cu
     assert "//   | backward | sm_90 (NVIDIA H200) | pipelined |    never |    never |    never |" in cu
+    assert "//   | backward | sm_90 (NVIDIA H200) | tiled     |     2048 |    never |    never |" in cu
     forward = cu[cu.index("kForwardTuning[] = {"):]
     never = "{avo::kNever, avo::kNever, avo::kNever}"
     assert forward.splitlines()[1].strip() == (
-        "{90, {512, avo::kNever, 2048}, {avo::kNever, avo::kNever, 4096}, {avo::kNever, 256, avo::kNever}},")
-    assert forward.splitlines()[2].strip() == f"{{0, {never}, {never}, {never}}},"
+        "{90, {512, avo::kNever, 2048}, {avo::kNever, avo::kNever, 4096}, {avo::kNever, 256, avo::kNever}, "
+        f"{never}}},")
+    assert forward.splitlines()[2].strip() == f"{{0, {never}, {never}, {never}, {never}}},"
 
 
-def test_a_tuning_file_without_global_or_pipelined_tables_never_picks_them(tmp_path):
+def test_a_tuning_file_without_global_pipelined_or_tiled_tables_never_picks_them(tmp_path):
     tuning = {"arch": 90, "gpu": "NVIDIA H200", "staged_min_vectors": {"softmax": {"forward": {"float16": 512}}}}
     cu = _softmax_cu(_tree(tmp_path, tuning))
     assert "//   | forward  | sm_90 (NVIDIA H200) | global    |    never |    never |    never |" in cu
     assert "//   | forward  | sm_90 (NVIDIA H200) | pipelined |    never |    never |    never |" in cu
+    assert "//   | backward | sm_90 (NVIDIA H200) | tiled     |    never |    never |    never |" in cu
 
 
 @pytest.mark.parametrize("content, name, phrase", [
@@ -142,6 +147,22 @@ def test_pipelined_threshold_is_against_register_on_rows_registers_hold():
     points = [m(256, 10, 10.8), m(1024, 10, 10.4), m(4096, 10, 9), m(16384, 10, 9.5), m(65536, 20, 15)]
     assert thresholds(points, ["pipelined_min_vectors"], 0.01, 0.03) == {"pipelined_min_vectors": 512}
     assert thresholds(points[:2] + points[4:], ["pipelined_min_vectors"], 0.01, 0.03) == {"pipelined_min_vectors": None}
+
+
+def test_tiled_threshold_is_against_the_fastest_other_version():
+    from tune_rows import thresholds
+
+    def m(n, register, staged, cluster, global_, tiled):
+        return {"row_length": n, "vectors": n // 8, "register_us": register, "staged_us": staged,
+                "cluster_us": cluster, "global_us": global_, "tiled_us": tiled}
+
+    # tiled beats register from 16384 on, but staged too only from 65536 on
+    points = [m(4096, 10, 11, 12, 13, 12), m(16384, 30, 20, 25, 26, 22), m(65536, 90, 90, 60, 70, 40),
+              m(262144, 300, 300, 300, 280, 150)]
+    assert thresholds(points, ["tiled_min_vectors"], 0.01, 0.03) == {"tiled_min_vectors": 8192}
+    # a forced tiled run that took the table's choice times the same as one of the others
+    same = [m(4096, 10, 11, 12, 13, 10.05), m(65536, 90, 90, 60, 70, 60.2)]
+    assert thresholds(same, ["tiled_min_vectors"], 0.01, 0.03) == {"tiled_min_vectors": None}
 
 
 def test_a_partial_run_keeps_what_it_did_not_measure():

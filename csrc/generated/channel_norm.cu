@@ -13,28 +13,33 @@ namespace avo::ops::channel_norm {
 // "global" line on, else StagedRow from that of the "staged" line on (where it
 // fits), RegisterRow below it (where it fits; pipelined from the length of the
 // "pipelined" line on, where the kernel can be), the cluster version or GlobalRow
-// otherwise; "never": only where no other version fits. Measured by
-// benchmarks/tune_rows.py (tuning/sm_<arch>.json).
+// otherwise; before all of them, the tiled version from the length of the "tiled"
+// line on (a backward with per-column sums, where it can be); "never": only where
+// no other version fits. Measured by benchmarks/tune_rows.py (tuning/sm_<arch>.json).
 //   | kernel   | GPU                 | from      |  float16 | bfloat16 |  float32 |
 //   | forward  | sm_90 (NVIDIA H200) | staged    |     4096 |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200) | global    |     4096 |     4096 |     4096 |
 //   | forward  | sm_90 (NVIDIA H200) | pipelined |     1024 |      512 |     4096 |
+//   | forward  | sm_90 (NVIDIA H200) | tiled     |    never |    never |    never |
 //   | forward  | any other GPU       | staged    |    never |    never |    never |
 //   | forward  | any other GPU       | global    |    never |    never |    never |
 //   | forward  | any other GPU       | pipelined |    never |    never |    never |
+//   | forward  | any other GPU       | tiled     |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | staged    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | global    |     4096 |     4096 |     4096 |
 //   | backward | sm_90 (NVIDIA H200) | pipelined |    never |    never |    never |
+//   | backward | sm_90 (NVIDIA H200) | tiled     |    never |    never |    never |
 //   | backward | any other GPU       | staged    |    never |    never |    never |
 //   | backward | any other GPU       | global    |    never |    never |    never |
 //   | backward | any other GPU       | pipelined |    never |    never |    never |
+//   | backward | any other GPU       | tiled     |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
-    {90, {4096, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {1024, 512, 4096}},
-    {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
+    {90, {4096, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {1024, 512, 4096}, {avo::kNever, avo::kNever, avo::kNever}},
+    {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}},
-    {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
+    {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 
 void forward_cuda(avo::DType dtype, const ForwardArgs& args, float eps, bool swish, cudaStream_t stream) {

@@ -30,6 +30,8 @@ struct ForwardMath {
   // Per-element values computed once and kept by rows that hold the row in registers
   // (at.keep / at.kept).
   static constexpr int kKeptValues = 1;
+  // Passes over the row that reduce it (row.sum, row.max, row.sums, ...).
+  static constexpr int kReductionPasses = 2;
 
   // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
   // avo/row_cuda.cuh.
@@ -88,6 +90,8 @@ struct BackwardMath {
   // Per-element values computed once and kept by rows that hold the row in registers
   // (at.keep / at.kept).
   static constexpr int kKeptValues = 0;
+  // Passes over the row that reduce it (row.sum, row.max, row.sums, ...).
+  static constexpr int kReductionPasses = 1;
 
   // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
   // avo/row_cuda.cuh.

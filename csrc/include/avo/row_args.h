@@ -14,6 +14,30 @@ namespace avo {
 // larger chunks (csrc/row_binding.h) and their column finish wider blocks (row_cuda.cuh).
 constexpr int64_t kLongRow = 32768;
 
+// The tiled version of the GPU backwards with per-column sums (row_cuda.cuh) cuts a row
+// of 16-byte vectors into tiles of kTileThreads * kTileVectors vectors, one block each.
+// Its first kernel writes each tile's part of the row's reduction: [rows,
+// kTiledMaxSums, row_tiles] floats, after the partials in the same allocation (the
+// binding adds them where a row has two tiles or more). Its second kernel takes a tile
+// of the rows of one of tiled_chunks chunks, about kTiledBlocks (tile, chunk) pairs in
+// all: the tiles give the parallelism, so a chunk holds more rows than the other
+// versions' (fewer partials).
+constexpr int kTileThreads = 256;
+constexpr int kTileVectors = 2;
+constexpr int kTiledMaxSums = 4;
+constexpr int64_t kTiledBlocks = 1024;
+AVO_HOST_DEVICE int64_t row_tiles(int64_t length, int64_t element_bytes) {
+  const int64_t per_vector = 16 / element_bytes;
+  constexpr int64_t tile = int64_t(kTileThreads) * kTileVectors;
+  return length % per_vector == 0 ? (length / per_vector + tile - 1) / tile : 0;
+}
+AVO_HOST_DEVICE int64_t tiled_rows_per_chunk(int64_t rows, int64_t tiles, int64_t chunks) {
+  int64_t wanted = (kTiledBlocks + tiles - 1) / tiles;
+  if (wanted > chunks) wanted = chunks;
+  if (wanted > rows) wanted = rows;
+  return wanted > 0 ? (rows + wanted - 1) / wanted : 1;
+}
+
 template <int NumInputs, int NumOutputs>
 struct RowArgs {
   static constexpr int kInputs = NumInputs;
@@ -32,6 +56,8 @@ struct RowArgs {
   float* partials;
   int64_t chunks;
   int64_t rows_per_chunk;
+  // The tiled version's tile sums (see row_tiles), or nullptr where the call has none.
+  float* tile_sums;
 };
 
 // The per-column inputs (weight, bias) that one pass over a row reads, bit k for input

@@ -1,4 +1,4 @@
-// The row kernels on the GPU. launch_row_op picks one of four versions per call, from
+// The row kernels on the GPU. launch_row_op picks one of five versions per call, from
 // the row length, the dtype and the alignment of the rows (the table is in
 // pick_row_version, below):
 //
@@ -24,6 +24,14 @@
 //    after the first pass: launch_global_rows keeps few enough rows in flight). A block
 //    takes a row, or on sm_90 a cluster of up to 8 blocks shares a long row of 16-byte
 //    vectors, each thread loading kGlobalBatch vectors ahead.
+//  - TiledRow, for the long rows of a backward with per-column sums whose math reduces
+//    the row in one pass (kCanTile): rows are cut into tiles of columns, a block each.
+//    A first kernel writes each tile's part of its row's reduction; a second adds the
+//    parts up and runs the last pass over a tile of a chunk of rows, the tile's
+//    per-column sums in registers for the whole chunk. The row is read twice, but the
+//    work splits over (tile, chunk) pairs instead of chunks alone, and the partials are
+//    few: with a chunk of rows per cluster or block, layernorm's backward at 1024x65536
+//    ran 64 workers at a time and reached a fifth of the copy bandwidth.
 //
 // Reductions accumulate in fp32: warp shuffles, then shared memory across the warps of a
 // group, in an order fixed by the launch configuration (itself fixed by the shapes), so
@@ -696,6 +704,153 @@ struct GlobalRow : RowView<T, Args>, LoadedVectorPasses<GlobalRow<T, Args, Math,
   }
 };
 
+// A tile of a row, for the tiled version of the backwards with per-column sums whose
+// math reduces the row in one pass (kCanTile): block b of a kernel takes tile
+// b % tiles, the vectors tile * kTileThreads * P + i * kTileThreads + threadIdx.x (P =
+// kTileVectors; avo/row_args.h), loaded from global memory in each kernel.
+//  - kTotals false (tile_sums_kernel): the pass's reduction over the tile goes to the
+//    row's tile sums; the rest of the row's math does nothing.
+//  - kTotals true (tiled_rows_kernel): the reduction is the sum of the tiles' parts, in
+//    the same order in every warp of every block of the row, and the last pass runs over
+//    the tile, its per-column terms summed into the thread's sums for the chunk.
+template <typename T, typename Args, typename Math, int V, bool kTotals>
+struct TiledRow : RowView<T, Args>, Reductions<TiledRow<T, Args, Math, V, kTotals>> {
+  static constexpr int P = kTileVectors;
+  using RowView<T, Args>::args;
+  using RowView<T, Args>::r;
+  using Vector = Vec<T, V>;
+  using Cached = Packed<T, V>;
+  using At = VectorAt<T, V>;
+  static constexpr int kSums = Math::kColumnSums > 0 ? Math::kColumnSums : 1;
+  using ColumnSums = float[kSums][P][V];
+
+  int64_t tile, tiles;
+  ColumnSums* columns;
+
+  __device__ __forceinline__ TiledRow(const Args& a, int64_t row, int64_t its_tile, int64_t row_tiles,
+                                      ColumnSums* column_sums)
+      : RowView<T, Args>(a, row), tile(its_tile), tiles(row_tiles), columns(column_sums) {}
+
+  __device__ __forceinline__ int64_t vector_index(int i) const {
+    return (tile * P + i) * kTileThreads + threadIdx.x;
+  }
+
+  // Calls visit(i, v, in) for each of this thread's vectors of the tile, all loaded first.
+  template <unsigned ColumnMask, typename Visit>
+  __device__ __forceinline__ void each_vector(Visit visit) const {
+    const int64_t vectors = args.length / V;
+    Cached in[P][Args::kInputs];
+    AVO_UNROLL
+    for (int i = 0; i < P; ++i) {
+      const int64_t v = vector_index(i);
+      if (v >= vectors) continue;
+      AVO_UNROLL
+      for (int k = 0; k < Args::kInputs; ++k)
+        if ((Math::kElementInputs >> k) & 1u) in[i][k].load(static_cast<const T*>(args.inputs[k]) + r * args.length + v * V);
+      load_column_vectors<ColumnMask, Math>(args, v, in[i]);
+    }
+    AVO_UNROLL
+    for (int i = 0; i < P; ++i)
+      if (vector_index(i) < vectors) visit(i, vector_index(i), in[i]);
+  }
+
+  // The tile parts of value k of the row's reduction.
+  __device__ __forceinline__ float* tile_parts(int k) const {
+    return args.tile_sums + (r * kTiledMaxSums + k) * tiles;
+  }
+
+  // The tiles' parts of value k combined: lane l takes tiles l, l + 32, ... in order,
+  // then the lanes combine in a butterfly (every lane gets the same value).
+  template <typename Combine>
+  __device__ __forceinline__ float tile_total(int k, Combine combine, float identity) const {
+    const float* parts = tile_parts(k);
+    float total = identity;
+    for (int64_t t = threadIdx.x % 32; t < tiles; t += 32) total = combine(total, parts[t]);
+    for (int offset = 16; offset > 0; offset /= 2) total = combine(total, __shfl_xor_sync(0xffffffffu, total, offset));
+    return total;
+  }
+
+  template <unsigned M, typename Combine, typename F>
+  __device__ __forceinline__ float reduce(F term, Combine combine, float identity) const {
+    if constexpr (kTotals) {
+      return tile_total(0, combine, identity);
+    } else {
+      float partial = identity;
+      each_vector<M>([&](int, int64_t, const Cached* in) {
+        AVO_UNROLL
+        for (int j = 0; j < V; ++j) partial = combine(partial, term(At{in, j, nullptr}));
+      });
+      partial = group_reduce(partial, combine, int(blockDim.x));
+      if (threadIdx.x == 0) tile_parts(0)[tile] = partial;
+      return partial;
+    }
+  }
+
+  template <unsigned M, int K, typename F>
+  __device__ __forceinline__ void reduce_sums(F terms_at, float (&out)[K]) const {
+    static_assert(K <= kTiledMaxSums, "the tile sums hold kTiledMaxSums values of a row");
+    if constexpr (kTotals) {
+      AVO_UNROLL
+      for (int k = 0; k < K; ++k) out[k] = tile_total(k, Plus{}, 0.0f);
+    } else {
+      AVO_UNROLL
+      for (int k = 0; k < K; ++k) out[k] = 0.0f;
+      each_vector<M>([&](int, int64_t, const Cached* in) {
+        AVO_UNROLL
+        for (int j = 0; j < V; ++j) {
+          float terms[K];
+          terms_at(At{in, j, nullptr}, terms);
+          AVO_UNROLL
+          for (int k = 0; k < K; ++k) out[k] += terms[k];
+        }
+      });
+      group_sums(out, int(blockDim.x));
+      if (threadIdx.x == 0) {
+        AVO_UNROLL
+        for (int k = 0; k < K; ++k) tile_parts(k)[tile] = out[k];
+      }
+    }
+  }
+
+  template <unsigned M, typename F>
+  __device__ __forceinline__ void for_each(Columns<M>, F body) const {
+    if constexpr (kTotals) {
+      each_vector<M>([&](int, int64_t v, const Cached* in) {
+        Vector out[Args::kOutputs];
+        AVO_UNROLL
+        for (int j = 0; j < V; ++j) body(At{in, j, out});
+        store_output_vectors<Math>(args, r, v, out);
+      });
+    }
+  }
+
+  template <int K, unsigned M, typename F>
+  __device__ __forceinline__ void for_each_with_column_sums(Columns<M>, F body) const {
+    if constexpr (kTotals) {
+      each_vector<M>([&](int i, int64_t v, const Cached* in) {
+        Vector out[Args::kOutputs];
+        AVO_UNROLL
+        for (int j = 0; j < V; ++j) {
+          float terms[K];
+          body(At{in, j, out}, terms);
+          if (columns == nullptr) continue;
+          AVO_UNROLL
+          for (int k = 0; k < K; ++k) (*columns)[k][i][j] += terms[k];
+        }
+        store_output_vectors<Math>(args, r, v, out);
+      });
+    }
+  }
+
+  __device__ __forceinline__ void store_row(int k, float value) const {
+    if (kTotals && tile == 0 && threadIdx.x == 0) static_cast<T*>(args.outputs[k])[r] = Element<T>::from_float(value);
+  }
+  __device__ __forceinline__ void store_row_f32(int k, float value) const {
+    if (kTotals && tile == 0 && threadIdx.x == 0 && args.outputs[k] != nullptr)
+      static_cast<float*>(args.outputs[k])[r] = value;
+  }
+};
+
 // ---------------------------------------------------------------------------------
 // Kernels
 // ---------------------------------------------------------------------------------
@@ -962,16 +1117,18 @@ __global__ void __launch_bounds__(kGlobalRowThreads) global_row_kernel(const Arg
 // 8 loads before it adds them). Long rows have columns to spare: 256 a block and 4
 // slices, so that each block has more loads to overlap than its start and final sum
 // cost (with 32 slices, layernorm's backward at 256x262144 spent 487 us in the finish,
-// a quarter of the copy bandwidth).
+// a quarter of the copy bandwidth). Summing the chunks in groups first, by blocks of
+// their own, cost the rows of 1024 to 16384 elements 3-10% on the H200.
 constexpr int kFinishThreads = 1024;
 constexpr int kFinishMaxSlices = 32;
 inline int finish_columns(int64_t length) { return length >= kLongRow ? 256 : kFinishThreads / kFinishMaxSlices; }
 
-// Per-column output blockIdx.y: the partials of each column, summed over the chunks.
-// Slice s adds chunks s, s + slices, ... in order, then slice 0 adds the slices' sums in
-// order: a fixed order for given shapes, so the result is deterministic.
+// Per-column output blockIdx.y: the partials of each column ([column sums, chunks,
+// length] from args.partials), summed over the chunks. Slice s adds chunks s, s +
+// slices, ... in order, then slice 0 adds the slices' sums in order: a fixed order for
+// given shapes, so the result is deterministic.
 template <typename T, typename Args, typename Math>
-__global__ void __launch_bounds__(kFinishThreads) column_finish_kernel(const Args args, int columns) {
+__global__ void __launch_bounds__(kFinishThreads) column_finish_kernel(const Args args, int columns, int64_t chunks) {
   // A row of `columns` + 1 floats per slice (the +1 keeps the slices' rows in different banks).
   __shared__ float slice_sums[kFinishThreads + kFinishMaxSlices];
   const int slices = kFinishThreads / columns;
@@ -981,9 +1138,9 @@ __global__ void __launch_bounds__(kFinishThreads) column_finish_kernel(const Arg
   const int64_t n = int64_t(blockIdx.x) * columns + column;
   float total = 0.0f;
   if (n < args.length) {
-    const float* partial = args.partials + int64_t(k) * args.chunks * args.length + n;
+    const float* partial = args.partials + int64_t(k) * chunks * args.length + n;
 #pragma unroll 8
-    for (int64_t c = slice; c < args.chunks; c += slices) total += partial[c * args.length];
+    for (int64_t c = slice; c < chunks; c += slices) total += partial[c * args.length];
   }
   slice_sums[slice * (columns + 1) + column] = total;
   __syncthreads();
@@ -991,6 +1148,15 @@ __global__ void __launch_bounds__(kFinishThreads) column_finish_kernel(const Arg
   float sum = slice_sums[column];
   for (int s = 1; s < slices; ++s) sum += slice_sums[s * (columns + 1) + column];
   out[n] = Element<T>::from_float(sum);
+}
+
+// The per-column outputs from the partials of `chunks` chunks (args.chunks, or the tiled
+// version's fewer).
+template <typename T, typename Args, typename Math>
+void launch_column_finish(const Args& args, int64_t chunks, cudaStream_t stream) {
+  const int columns = finish_columns(args.length);
+  const dim3 blocks(unsigned((args.length + columns - 1) / columns), Math::kColumnSums);
+  column_finish_kernel<T, Args, Math><<<blocks, kFinishThreads, 0, stream>>>(args, columns, chunks);
 }
 
 // True when every per-element and per-column tensor of the call starts `bytes`-aligned.
@@ -1020,14 +1186,15 @@ inline int threads_for(int64_t vectors, int per_thread) {
   return threads;
 }
 
-// The version a call takes (see the top of this file): GlobalRow for rows of at least
-// `thresholds.global_min_vectors` vectors, StagedRow for rows of at least
-// `thresholds.staged_min_vectors` (both from the generated, measured table) or that
+// The version a call takes (see the top of this file): the tiled version for rows of
+// at least `thresholds.tiled_min_vectors` vectors where the call can take it, GlobalRow
+// for rows of at least `thresholds.global_min_vectors`, StagedRow for rows of at least
+// `thresholds.staged_min_vectors` (all from the generated, measured table) or that
 // registers cannot hold; else RegisterRow, pipelined from
 // `thresholds.pipelined_min_vectors` on where the kernel can be; the cluster version,
 // then GlobalRow, for what neither takes.
 inline RowVersion pick_row_version(int64_t vectors, bool fits_registers, bool fits_staged, bool fits_cluster,
-                                   bool can_pipeline, const RowThresholds& thresholds) {
+                                   bool can_pipeline, bool can_tile, const RowThresholds& thresholds) {
   const RowVersion forced = forced_row_version();
   const RowVersion in_registers =
       can_pipeline && vectors >= thresholds.pipelined_min_vectors ? RowVersion::kPipelined : RowVersion::kRegister;
@@ -1035,7 +1202,10 @@ inline RowVersion pick_row_version(int64_t vectors, bool fits_registers, bool fi
   if (forced == RowVersion::kPipelined && fits_registers) return can_pipeline ? RowVersion::kPipelined : RowVersion::kRegister;
   if (forced == RowVersion::kStaged && fits_staged) return RowVersion::kStaged;
   if (forced == RowVersion::kCluster && fits_cluster) return RowVersion::kCluster;
-  if (forced == RowVersion::kGlobal || vectors >= thresholds.global_min_vectors) return RowVersion::kGlobal;
+  if (forced == RowVersion::kTiled && can_tile) return RowVersion::kTiled;
+  if (forced == RowVersion::kGlobal) return RowVersion::kGlobal;
+  if (can_tile && vectors >= thresholds.tiled_min_vectors) return RowVersion::kTiled;
+  if (vectors >= thresholds.global_min_vectors) return RowVersion::kGlobal;
   if (fits_staged && (vectors >= thresholds.staged_min_vectors || !fits_registers)) return RowVersion::kStaged;
   if (fits_registers) return in_registers;
   return fits_cluster ? RowVersion::kCluster : RowVersion::kGlobal;
@@ -1136,6 +1306,64 @@ void launch_global_rows(const Args& args, const Math& math, int64_t vectors, boo
   kernel<<<grid, kGlobalRowThreads, 0, stream>>>(args, math);
 }
 
+// Whether the tiled version can run Math: a backward with per-column sums whose row is
+// reduced in one pass (its later kernel reads the reduction back, not recomputes it).
+template <typename Math>
+constexpr bool kCanTile = Math::kColumnSums > 0 && Math::kReductionPasses == 1;
+
+// The tiled version's first kernel: block b takes tile b % tiles of row b / tiles (and
+// more such pairs, a grid apart) and writes that tile's part of the row's reduction.
+template <typename T, typename Args, typename Math, int V>
+__global__ void __launch_bounds__(kTileThreads) tile_sums_kernel(const Args args, const Math math, int64_t tiles) {
+  static_assert(kCanTile<Math>, "the tiled version takes backwards with per-column sums and one reduction pass");
+  for (int64_t b = blockIdx.x; b < args.rows * tiles; b += gridDim.x)
+    math.template apply<PrecisionFor<T>>(TiledRow<T, Args, Math, V, false>(args, b / tiles, b % tiles, tiles, nullptr));
+}
+
+// The tiled version's second kernel: block b takes tile b % tiles of the rows of chunk
+// b / tiles (chunks of rows_per_chunk rows) and writes the tile's columns of the chunk's
+// partials, [column sums, chunks, length].
+template <typename T, typename Args, typename Math, int V>
+__global__ void __launch_bounds__(kTileThreads) tiled_rows_kernel(const Args args, const Math math, int64_t tiles,
+                                                                  int64_t chunks, int64_t rows_per_chunk) {
+  static_assert(kCanTile<Math>, "the tiled version takes backwards with per-column sums and one reduction pass");
+  using Row = TiledRow<T, Args, Math, V, true>;
+  const int64_t vectors = args.length / V;
+  for (int64_t b = blockIdx.x; b < chunks * tiles; b += gridDim.x) {
+    const int64_t chunk = b / tiles, tile = b % tiles;
+    const int64_t first = chunk * rows_per_chunk;
+    const int64_t last = first + rows_per_chunk < args.rows ? first + rows_per_chunk : args.rows;
+    typename Row::ColumnSums sums = {};
+    for (int64_t r = first; r < last; ++r) math.template apply<PrecisionFor<T>>(Row(args, r, tile, tiles, &sums));
+    AVO_UNROLL
+    for (int k = 0; k < Math::kColumnSums; ++k) {
+      AVO_UNROLL
+      for (int i = 0; i < Row::P; ++i) {
+        const int64_t v = (tile * Row::P + i) * kTileThreads + threadIdx.x;
+        if (v >= vectors) continue;
+        float* partial = args.partials + (k * chunks + chunk) * args.length + v * V;
+        AVO_UNROLL
+        for (int j = 0; j < V; ++j) partial[j] = sums[k][i][j];
+      }
+    }
+  }
+}
+
+// Launches the tiled version's two kernels; returns the chunks of its partials.
+template <typename T, typename Args, typename Math, int V>
+int64_t launch_tiled_rows(const Args& args, const Math& math, cudaStream_t stream) {
+  const int64_t tiles = row_tiles(args.length, sizeof(T));
+  const auto sums_kernel = tile_sums_kernel<T, Args, Math, V>;
+  sums_kernel<<<resident_grid_size(sums_kernel, args.rows * tiles * kTileThreads, kTileThreads), kTileThreads, 0, stream>>>(
+      args, math, tiles);
+  const int64_t rows_per_chunk = tiled_rows_per_chunk(args.rows, tiles, args.chunks);
+  const int64_t chunks = (args.rows + rows_per_chunk - 1) / rows_per_chunk;
+  const auto rows_kernel = tiled_rows_kernel<T, Args, Math, V>;
+  rows_kernel<<<resident_grid_size(rows_kernel, chunks * tiles * kTileThreads, kTileThreads), kTileThreads, 0, stream>>>(
+      args, math, tiles, chunks, rows_per_chunk);
+  return chunks;
+}
+
 // The thresholds of `table` for the current GPU and element type T.
 template <typename T, size_t N>
 RowThresholds row_thresholds(const RowTuning (&table)[N]) {
@@ -1143,7 +1371,8 @@ RowThresholds row_thresholds(const RowTuning (&table)[N]) {
   constexpr int index = std::is_same<T, __half>::value ? 0 : std::is_same<T, __nv_bfloat16>::value ? 1 : 2;
   for (const RowTuning& row : table)
     if (row.arch == arch || row.arch == 0)
-      return {row.staged_min_vectors[index], row.global_min_vectors[index], row.pipelined_min_vectors[index]};
+      return {row.staged_min_vectors[index], row.global_min_vectors[index], row.pipelined_min_vectors[index],
+              row.tiled_min_vectors[index]};
   return {};
 }
 
@@ -1168,9 +1397,12 @@ void launch_row_op(const Args& args, const Math& math, const RowThresholds& tabl
   // The table counts 16-byte vectors: rows of single elements take the global version
   // only where nothing else fits, and are not pipelined.
   const RowThresholds thresholds = {table.staged_min_vectors, vectorized ? table.global_min_vectors : kNever,
-                                    table.pipelined_min_vectors};
-  const RowVersion version =
-      pick_row_version(vectors, fits_registers, fits_staged, fits_cluster, kCanPipeline<Math> && vectorized, thresholds);
+                                    table.pipelined_min_vectors, table.tiled_min_vectors};
+  // The tiled version: rows of two tiles or more (the binding then allocates the tile sums).
+  const bool can_tile = kCanTile<Math> && chunked && vectorized && args.tile_sums != nullptr;
+  const RowVersion version = pick_row_version(vectors, fits_registers, fits_staged, fits_cluster,
+                                              kCanPipeline<Math> && vectorized, can_tile, thresholds);
+  int64_t partial_chunks = args.chunks;  // the chunks of the partials the version writes
   switch (version) {
     case RowVersion::kRegister:
     case RowVersion::kPipelined: {
@@ -1212,16 +1444,15 @@ void launch_row_op(const Args& args, const Math& math, const RowThresholds& tabl
       if (vectorized) launch_cluster_rows<T, Args, Math, V>(args, math, vectors, chunked, stream, false);
       else launch_cluster_rows<T, Args, Math, 1>(args, math, vectors, chunked, stream, false);
       break;
+    case RowVersion::kTiled:
+      if constexpr (kCanTile<Math>) partial_chunks = launch_tiled_rows<T, Args, Math, V>(args, math, stream);
+      break;
     default:  // RowVersion::kGlobal
       if (vectorized) launch_global_rows<T, Args, Math, V>(args, math, vectors, chunked, stream);
       else launch_global_rows<T, Args, Math, 1>(args, math, vectors, chunked, stream);
       break;
   }
-  if (chunked && args.length > 0) {
-    const int columns = finish_columns(args.length);
-    const dim3 finish_blocks(unsigned((args.length + columns - 1) / columns), Math::kColumnSums);
-    column_finish_kernel<T, Args, Math><<<finish_blocks, kFinishThreads, 0, stream>>>(args, columns);
-  }
+  if (chunked && args.length > 0) launch_column_finish<T, Args, Math>(args, partial_chunks, stream);
 }
 
 }  // namespace avo

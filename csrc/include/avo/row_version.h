@@ -14,13 +14,16 @@ namespace avo {
 // the staged version from staged_min_vectors[t] on where it fits, t indexing float16,
 // bfloat16, float32; the register version they take otherwise loads the next row while
 // it computes one from pipelined_min_vectors[t] on (where the kernel can: kCanPipeline in
-// avo/row_cuda.cuh). The generated sources hold these tables, from the files of tuning/
-// (benchmarks/tune_rows.py writes them).
+// avo/row_cuda.cuh). A backward with per-column sums takes the tiled version from
+// tiled_min_vectors[t] on, before any other (where it can: kCanTile). The generated
+// sources hold these tables, from the files of tuning/ (benchmarks/tune_rows.py writes
+// them).
 struct RowTuning {
   int arch;
   int64_t staged_min_vectors[3];
   int64_t global_min_vectors[3];
   int64_t pipelined_min_vectors[3];
+  int64_t tiled_min_vectors[3];
 };
 
 // A version never taken by choice, only where no other fits.
@@ -31,10 +34,12 @@ struct RowThresholds {
   int64_t staged_min_vectors = kNever;
   int64_t global_min_vectors = kNever;
   int64_t pipelined_min_vectors = kNever;
+  int64_t tiled_min_vectors = kNever;
 };
 
-// kPipelined is the register version loading the next row ahead (pipelined_rows).
-enum class RowVersion { kAuto = -1, kRegister, kPipelined, kStaged, kCluster, kGlobal };
+// kPipelined is the register version loading the next row ahead (pipelined_rows);
+// kTiled cuts rows into column tiles (TiledRow).
+enum class RowVersion { kAuto = -1, kRegister, kPipelined, kStaged, kCluster, kGlobal, kTiled };
 
 // The process-wide choice. A forced version that a call cannot take (a row too long
 // for registers, say) is ignored for that call.
