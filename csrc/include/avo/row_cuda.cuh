@@ -511,6 +511,26 @@ struct LoadedVectorPasses : Reductions<Row> {
       store_output_vectors<Math>(row.args, row.r, v, out);
     });
   }
+
+  // for_each whose body also yields the K per-column terms of its element, added to the
+  // row's per-column sums in registers (`row.columns`, indexed by the visit's slot; none
+  // when it is nullptr), as RegisterRow's. GlobalRow adds them to partials instead.
+  template <int K, unsigned M, typename F>
+  __device__ __forceinline__ void for_each_with_column_sums(Columns<M>, F body) const {
+    const Row& row = this->self();
+    row.template each_vector<M>([&](int i, int64_t v, const Packed<T, V>* in) {
+      Vec<T, V> out[Args::kOutputs];
+      AVO_UNROLL
+      for (int j = 0; j < V; ++j) {
+        float terms[K];
+        body(At{in, j, out}, terms);
+        if (row.columns == nullptr) continue;
+        AVO_UNROLL
+        for (int k = 0; k < K; ++k) (*row.columns)[k][i][j] += terms[k];
+      }
+      store_output_vectors<Math>(row.args, row.r, v, out);
+    });
+  }
 };
 
 // A row whose per-element inputs the block has copied into shared memory (see the top of
@@ -564,23 +584,6 @@ struct StagedRow : RowView<T, Args>, LoadedVectorPasses<StagedRow<T, Args, Math,
   template <int K>
   __device__ __forceinline__ void sum_threads(float (&values)[K]) const {
     group_sums(values, blockDim.x);
-  }
-
-  // for_each whose body also yields the K per-column terms of its element (as RegisterRow's).
-  template <int K, unsigned M, typename F>
-  __device__ __forceinline__ void for_each_with_column_sums(Columns<M>, F body) const {
-    each_vector<M>([&](int i, int64_t v, const Cached* in) {
-      Vector out[Args::kOutputs];
-      AVO_UNROLL
-      for (int j = 0; j < V; ++j) {
-        float terms[K];
-        body(At{in, j, out}, terms);
-        if (columns == nullptr) continue;
-        AVO_UNROLL
-        for (int k = 0; k < K; ++k) (*columns)[k][i][j] += terms[k];
-      }
-      store_output_vectors<Math>(args, r, v, out);
-    });
   }
 
   __device__ __forceinline__ void store_row(int k, float value) const {
@@ -707,57 +710,83 @@ struct GlobalRow : RowView<T, Args>, LoadedVectorPasses<GlobalRow<T, Args, Math,
 // A tile of a row, for the tiled version of the backwards with per-column sums whose
 // math reduces the row in one pass (kCanTile): block b of a kernel takes tile
 // b % tiles, the vectors tile * kTileThreads * P + i * kTileThreads + threadIdx.x (P =
-// kTileVectors; avo/row_args.h), loaded from global memory in each kernel.
+// kTileVectors; avo/row_args.h). A row loads its vectors of the per-element inputs when
+// it is made (load_vectors), so that they are in flight while it adds up the tiles'
+// parts of the reduction.
 //  - kTotals false (tile_sums_kernel): the pass's reduction over the tile goes to the
 //    row's tile sums; the rest of the row's math does nothing.
 //  - kTotals true (tiled_rows_kernel): the reduction is the sum of the tiles' parts, in
 //    the same order in every warp of every block of the row, and the last pass runs over
 //    the tile, its per-column terms summed into the thread's sums for the chunk.
 template <typename T, typename Args, typename Math, int V, bool kTotals>
-struct TiledRow : RowView<T, Args>, Reductions<TiledRow<T, Args, Math, V, kTotals>> {
+struct TiledRow : RowView<T, Args>, LoadedVectorPasses<TiledRow<T, Args, Math, V, kTotals>, T, Args, Math, V> {
+  using Passes = LoadedVectorPasses<TiledRow<T, Args, Math, V, kTotals>, T, Args, Math, V>;
   static constexpr int P = kTileVectors;
   using RowView<T, Args>::args;
   using RowView<T, Args>::r;
-  using Vector = Vec<T, V>;
   using Cached = Packed<T, V>;
-  using At = VectorAt<T, V>;
   static constexpr int kSums = Math::kColumnSums > 0 ? Math::kColumnSums : 1;
   using ColumnSums = float[kSums][P][V];
+  struct Vectors {
+    Cached v[Args::kInputs][P];
+  };
 
   int64_t tile, tiles;
   ColumnSums* columns;
+  Vectors cache;
 
   __device__ __forceinline__ TiledRow(const Args& a, int64_t row, int64_t its_tile, int64_t row_tiles,
                                       ColumnSums* column_sums)
-      : RowView<T, Args>(a, row), tile(its_tile), tiles(row_tiles), columns(column_sums) {}
-
-  __device__ __forceinline__ int64_t vector_index(int i) const {
-    return (tile * P + i) * kTileThreads + threadIdx.x;
+      : RowView<T, Args>(a, row), tile(its_tile), tiles(row_tiles), columns(column_sums) {
+    load_vectors(args, r, first_vector(tile), cache);
   }
 
-  // Calls visit(i, v, in) for each of this thread's vectors of the tile, all loaded first.
+  // This thread's vector i of a tile is the row's vector i * kTileThreads + first_vector(tile).
+  __device__ __forceinline__ static int64_t first_vector(int64_t tile) {
+    return tile * P * kTileThreads + threadIdx.x;
+  }
+  __device__ __forceinline__ static void load_vectors(const Args& args, int64_t row, int64_t first, Vectors& out) {
+    const int64_t vectors = args.length / V;
+    AVO_UNROLL
+    for (int k = 0; k < Args::kInputs; ++k) {
+      if (!((Math::kElementInputs >> k) & 1u)) continue;
+      AVO_UNROLL
+      for (int i = 0; i < P; ++i) {
+        const int64_t v = first + int64_t(i) * kTileThreads;
+        if (v < vectors) out.v[k][i].load(static_cast<const T*>(args.inputs[k]) + row * args.length + v * V);
+      }
+    }
+  }
+
+  // Calls visit(i, v, in) for each of this thread's vectors of the tile, `in` holding its
+  // vectors of the per-element inputs and of the per-column inputs in ColumnMask.
   template <unsigned ColumnMask, typename Visit>
   __device__ __forceinline__ void each_vector(Visit visit) const {
     const int64_t vectors = args.length / V;
-    Cached in[P][Args::kInputs];
     AVO_UNROLL
     for (int i = 0; i < P; ++i) {
-      const int64_t v = vector_index(i);
+      const int64_t v = first_vector(tile) + int64_t(i) * kTileThreads;
       if (v >= vectors) continue;
+      Cached in[Args::kInputs];
       AVO_UNROLL
       for (int k = 0; k < Args::kInputs; ++k)
-        if ((Math::kElementInputs >> k) & 1u) in[i][k].load(static_cast<const T*>(args.inputs[k]) + r * args.length + v * V);
-      load_column_vectors<ColumnMask, Math>(args, v, in[i]);
+        if ((Math::kElementInputs >> k) & 1u) in[k] = cache.v[k][i];
+      load_column_vectors<ColumnMask, Math>(args, v, in);
+      visit(i, v, in);
     }
-    AVO_UNROLL
-    for (int i = 0; i < P; ++i)
-      if (vector_index(i) < vectors) visit(i, vector_index(i), in[i]);
+  }
+
+  template <typename Combine>
+  __device__ __forceinline__ float combine_threads(float value, Combine combine) const {
+    return group_reduce(value, combine, int(blockDim.x));
+  }
+  template <int K>
+  __device__ __forceinline__ void sum_threads(float (&values)[K]) const {
+    group_sums(values, int(blockDim.x));
   }
 
   // The tile parts of value k of the row's reduction.
-  __device__ __forceinline__ float* tile_parts(int k) const {
-    return args.tile_sums + (r * kTiledMaxSums + k) * tiles;
-  }
+  __device__ __forceinline__ float* tile_parts(int k) const { return args.tile_sums + (r * kTiledMaxSums + k) * tiles; }
 
   // The tiles' parts of value k combined: lane l takes tiles l, l + 32, ... in order,
   // then the lanes combine in a butterfly (every lane gets the same value).
@@ -775,12 +804,7 @@ struct TiledRow : RowView<T, Args>, Reductions<TiledRow<T, Args, Math, V, kTotal
     if constexpr (kTotals) {
       return tile_total(0, combine, identity);
     } else {
-      float partial = identity;
-      each_vector<M>([&](int, int64_t, const Cached* in) {
-        AVO_UNROLL
-        for (int j = 0; j < V; ++j) partial = combine(partial, term(At{in, j, nullptr}));
-      });
-      partial = group_reduce(partial, combine, int(blockDim.x));
+      const float partial = Passes::template reduce<M>(term, combine, identity);
       if (threadIdx.x == 0) tile_parts(0)[tile] = partial;
       return partial;
     }
@@ -793,18 +817,7 @@ struct TiledRow : RowView<T, Args>, Reductions<TiledRow<T, Args, Math, V, kTotal
       AVO_UNROLL
       for (int k = 0; k < K; ++k) out[k] = tile_total(k, Plus{}, 0.0f);
     } else {
-      AVO_UNROLL
-      for (int k = 0; k < K; ++k) out[k] = 0.0f;
-      each_vector<M>([&](int, int64_t, const Cached* in) {
-        AVO_UNROLL
-        for (int j = 0; j < V; ++j) {
-          float terms[K];
-          terms_at(At{in, j, nullptr}, terms);
-          AVO_UNROLL
-          for (int k = 0; k < K; ++k) out[k] += terms[k];
-        }
-      });
-      group_sums(out, int(blockDim.x));
+      Passes::template reduce_sums<M, K>(terms_at, out);
       if (threadIdx.x == 0) {
         AVO_UNROLL
         for (int k = 0; k < K; ++k) tile_parts(k)[tile] = out[k];
@@ -813,33 +826,12 @@ struct TiledRow : RowView<T, Args>, Reductions<TiledRow<T, Args, Math, V, kTotal
   }
 
   template <unsigned M, typename F>
-  __device__ __forceinline__ void for_each(Columns<M>, F body) const {
-    if constexpr (kTotals) {
-      each_vector<M>([&](int, int64_t v, const Cached* in) {
-        Vector out[Args::kOutputs];
-        AVO_UNROLL
-        for (int j = 0; j < V; ++j) body(At{in, j, out});
-        store_output_vectors<Math>(args, r, v, out);
-      });
-    }
+  __device__ __forceinline__ void for_each(Columns<M> pass, F body) const {
+    if constexpr (kTotals) Passes::for_each(pass, body);
   }
-
   template <int K, unsigned M, typename F>
-  __device__ __forceinline__ void for_each_with_column_sums(Columns<M>, F body) const {
-    if constexpr (kTotals) {
-      each_vector<M>([&](int i, int64_t v, const Cached* in) {
-        Vector out[Args::kOutputs];
-        AVO_UNROLL
-        for (int j = 0; j < V; ++j) {
-          float terms[K];
-          body(At{in, j, out}, terms);
-          if (columns == nullptr) continue;
-          AVO_UNROLL
-          for (int k = 0; k < K; ++k) (*columns)[k][i][j] += terms[k];
-        }
-        store_output_vectors<Math>(args, r, v, out);
-      });
-    }
+  __device__ __forceinline__ void for_each_with_column_sums(Columns<M> pass, F body) const {
+    if constexpr (kTotals) Passes::template for_each_with_column_sums<K>(pass, body);
   }
 
   __device__ __forceinline__ void store_row(int k, float value) const {
@@ -1339,7 +1331,7 @@ __global__ void __launch_bounds__(kTileThreads) tiled_rows_kernel(const Args arg
     for (int k = 0; k < Math::kColumnSums; ++k) {
       AVO_UNROLL
       for (int i = 0; i < Row::P; ++i) {
-        const int64_t v = (tile * Row::P + i) * kTileThreads + threadIdx.x;
+        const int64_t v = Row::first_vector(tile) + int64_t(i) * kTileThreads;
         if (v >= vectors) continue;
         float* partial = args.partials + (k * chunks + chunk) * args.length + v * V;
         AVO_UNROLL
