@@ -9,9 +9,9 @@ For every row op (the ops of csrc/include/avo/row_cuda.cuh), kernel (forward, ba
 dtype (float16, bfloat16, float32) and row length N (powers of two from 256 to 262144, as
 many rows as fit in --elements elements), it times torch.ops.avo.<op>[_backward] with
 every call forced onto each version in turn: register, pipelined (the register version
-loading the next row ahead), staged, cluster, global, tiled (avo_ops._C.set_row_version; a call
-that cannot take the forced version takes the table's choice, so where a version does
-not fit its run times another kernel). Timing is bench_ops.py's: CUDA events, median of
+loading the next row ahead), staged, cluster, global, and for backwards tiled
+(avo_ops._C.set_row_version; a call that cannot take the forced version takes the
+table's choice, so where a version does not fit its run times another kernel). Timing is bench_ops.py's: CUDA events, median of
 --reps calls, inputs rotated beyond L2.
 
 Four thresholds per (op, kernel, dtype), in 16-byte vectors, each the shortest row from
@@ -22,10 +22,10 @@ kernel, and two runs of one kernel differed by up to 1.7% on the H200:
   - staged_min_vectors: staged against register, over N up to 32768 (beyond, neither fits);
   - global_min_vectors: global against the fastest of register, staged and cluster;
   - pipelined_min_vectors: pipelined against register, over N up to 32768;
-  - tiled_min_vectors: tiled against the fastest of register, staged, cluster and global
-    (it takes backwards with per-column sums only: elsewhere a forced tiled run takes the
-    table's choice, one of the versions it is compared with, and does not win by the
-    margin).
+  - tiled_min_vectors: tiled against the fastest of register, staged, cluster and global,
+    backwards only (it takes backwards with per-column sums: elsewhere a forced tiled run
+    takes the table's choice, one of the versions it is compared with, and does not win
+    by the margin).
 --tables computes some of them (and times only the versions they compare); --ops,
 --kernels and --dtypes limit what is measured. Whatever a run does not measure is kept
 from the file it writes over. The file also keeps every time measured, the GPU, the
@@ -107,9 +107,9 @@ def thresholds(measurements: list[dict], tables: list[str], margin: float, toler
     if "pipelined_min_vectors" in tables:
         found["pipelined_min_vectors"] = threshold([(m["vectors"], m["register_us"], m["pipelined_us"]) for m in short],
                                                    margin, tolerance)
-    if "tiled_min_vectors" in tables:
+    if "tiled_min_vectors" in tables:  # forwards are not timed tiled: never
         best_other = [(m["vectors"], min(m[f"{v}_us"] for v in ("register", "staged", "cluster", "global")),
-                       m["tiled_us"]) for m in measurements]
+                       m["tiled_us"]) for m in measurements if "tiled_us" in m]
         found["tiled_min_vectors"] = threshold(best_other, margin, tolerance)
     return found
 
@@ -190,13 +190,14 @@ def main(argv=None) -> int:
             case = bench_cases.find_case(op, direction)
             dtype = DTYPES[dtype_name]
             shape = case.layout((max(1, args.elements // n), n))
-            times = {v: time_version(avo_ops, case, shape, dtype, v, timer) for v in versions}
+            timed = [v for v in versions if v != "tiled" or direction == "bwd"]  # forwards never tile
+            times = {v: time_version(avo_ops, case, shape, dtype, v, timer) for v in timed}
             vectors = n * dtype.itemsize // 16
             measurements.append({"op": op, "kernel": ROLES[direction], "dtype": dtype_name, "row_length": n,
                                  "vectors": vectors, "shape": list(shape),
-                                 **{f"{v}_us": round(times[v], 2) for v in versions}})
+                                 **{f"{v}_us": round(times[v], 2) for v in timed}})
             print(f"[{i}/{len(plan)}] {op}.{direction} {dtype_name} N={n}: "
-                  + ", ".join(f"{v} {times[v]:.1f} us" for v in versions), file=sys.stderr, flush=True)
+                  + ", ".join(f"{v} {times[v]:.1f} us" for v in timed), file=sys.stderr, flush=True)
     found = {}
     for op in ops:
         for role in kernels:

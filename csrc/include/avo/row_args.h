@@ -19,7 +19,7 @@ constexpr int64_t kLongRow = 32768;
 // Its first kernel writes each tile's part of the row's reduction: [rows,
 // kTiledMaxSums, row_tiles] floats, after the partials in the same allocation (the
 // binding adds them where a row has two tiles or more). Its second kernel takes a tile
-// of the rows of one of tiled_chunks chunks, about kTiledBlocks (tile, chunk) pairs in
+// of a chunk of tiled_rows_per_chunk rows, about kTiledBlocks (tile, chunk) pairs in
 // all: the tiles give the parallelism, so a chunk holds more rows than the other
 // versions' (fewer partials).
 constexpr int kTileThreads = 256;

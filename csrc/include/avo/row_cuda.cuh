@@ -467,10 +467,11 @@ struct VectorAt {
 };
 
 // The passes of a row type whose vectors arrive with every input they need loaded
-// (StagedRow, GlobalRow). Row provides each_vector<M>(visit), which calls visit(slot, v,
-// in) for each of this thread's vectors (`in`: vector v of every per-element input and of
-// the per-column inputs in M), and combine_threads(value, combine) and sum_threads(values),
-// which combine per-thread values over the threads that share the row.
+// (StagedRow, GlobalRow, TiledRow). Row provides each_vector<M>(visit), which calls
+// visit(slot, v, in) for each of this thread's vectors (`in`: vector v of every
+// per-element input and of the per-column inputs in M), and combine_threads(value,
+// combine) and sum_threads(values), which combine per-thread values over the threads
+// that share the row; for for_each_with_column_sums, `columns`, its per-column sums.
 template <typename Row, typename T, typename Args, typename Math, int V>
 struct LoadedVectorPasses : Reductions<Row> {
   using At = VectorAt<T, V>;
