@@ -61,11 +61,13 @@ ROLES = {"fwd": "forward", "bwd": "backward"}
 DEFAULT_LENGTHS = [256 << i for i in range(11)]  # 256 ... 262144
 STAGED_MAX_LENGTH = 32768  # the longest row of one input the staged version holds (bf16/fp16)
 VERSIONS = ("register", "pipelined", "staged", "cluster", "global", "tiled")
-# The versions each table compares.
+# The versions each table compares: the last one against the fastest of the others.
 TABLE_VERSIONS = {"staged_min_vectors": ("register", "staged"),
                   "global_min_vectors": ("register", "staged", "cluster", "global"),
                   "pipelined_min_vectors": ("register", "pipelined"),
                   "tiled_min_vectors": ("register", "staged", "cluster", "global", "tiled")}
+# The tables compared on rows of up to STAGED_MAX_LENGTH only: beyond, neither version fits.
+SHORT_ROW_TABLES = ("staged_min_vectors", "pipelined_min_vectors")
 
 
 def time_version(avo_ops, case, shape, dtype, version: str, timer: bench_ops.Timer) -> float:
@@ -94,23 +96,16 @@ def threshold(points: list[tuple[int, float, float]], margin: float, tolerance: 
 
 
 def thresholds(measurements: list[dict], tables: list[str], margin: float, tolerance: float) -> dict[str, int | None]:
-    """Each of `tables` of one (op, kernel, dtype) from its measurements by increasing length."""
+    """Each of `tables` of one (op, kernel, dtype) from its measurements by increasing
+    length: the last version TABLE_VERSIONS lists for the table against the fastest of the
+    others, over the rows the staged version could hold for SHORT_ROW_TABLES, over all rows
+    for the rest, and only where the challenger was timed (forwards are not timed tiled)."""
     found = {}
-    short = [m for m in measurements if m["row_length"] <= STAGED_MAX_LENGTH]
-    if "staged_min_vectors" in tables:
-        found["staged_min_vectors"] = threshold([(m["vectors"], m["register_us"], m["staged_us"]) for m in short],
-                                                margin, tolerance)
-    if "global_min_vectors" in tables:
-        best_other = [(m["vectors"], min(m[f"{v}_us"] for v in ("register", "staged", "cluster")), m["global_us"])
-                      for m in measurements]
-        found["global_min_vectors"] = threshold(best_other, margin, tolerance)
-    if "pipelined_min_vectors" in tables:
-        found["pipelined_min_vectors"] = threshold([(m["vectors"], m["register_us"], m["pipelined_us"]) for m in short],
-                                                   margin, tolerance)
-    if "tiled_min_vectors" in tables:  # forwards are not timed tiled: never
-        best_other = [(m["vectors"], min(m[f"{v}_us"] for v in ("register", "staged", "cluster", "global")),
-                       m["tiled_us"]) for m in measurements if "tiled_us" in m]
-        found["tiled_min_vectors"] = threshold(best_other, margin, tolerance)
+    for table in tables:
+        *incumbents, challenger = TABLE_VERSIONS[table]
+        points = [(m["vectors"], min(m[f"{v}_us"] for v in incumbents), m[f"{challenger}_us"]) for m in measurements
+                  if f"{challenger}_us" in m and (table not in SHORT_ROW_TABLES or m["row_length"] <= STAGED_MAX_LENGTH)]
+        found[table] = threshold(points, margin, tolerance)
     return found
 
 
