@@ -2,7 +2,7 @@
 """Tables and plots of bench_ops.py results; works from the saved JSON alone (no GPU, no
 torch).
 
-    python benchmarks/bench_report.py RESULTS.json [--out DIR] [--no-plots] [--baselines OTHER.json]
+    python benchmarks/bench_report.py RESULTS.json [--out DIR] [--no-plots] [--baselines OTHER.json ...]
 
 writes DIR/results.md and DIR/plots/<op>_<dir>.png (DIR defaults to the JSON's folder) and
 prints the text table. The plots need matplotlib (requirements-bench.txt): GB/s against the
@@ -12,7 +12,8 @@ run share a row length, the plot keeps the one with the most elements.
 
 --baselines takes the implementations this run did not measure (say torch.compile and
 Liger, skipped to save time) from OTHER.json, a run of the same cases on the same GPU; the
-report says which run they come from.
+report says which run they come from. Given several times, each run fills in what the
+earlier ones left missing (say torch.compile from one run, Liger from an older one).
 """
 from __future__ import annotations
 
@@ -70,8 +71,8 @@ def case_key(row: dict) -> tuple:
 
 def merge_baselines(results: dict, other: dict) -> dict:
     """`results` with the implementations its rows lack taken from `other` (matched by op,
-    direction, dtype and shape) and the speedups recomputed; `baselines_from` names the
-    other run."""
+    direction, dtype and shape) and the speedups recomputed; `baselines_from` lists the
+    runs they came from (a second merge adds to the list)."""
     theirs = {case_key(r): r["results"] for r in other["rows"]}
     rows = []
     for row in results["rows"]:
@@ -84,7 +85,13 @@ def merge_baselines(results: dict, other: dict) -> dict:
     own = set(results.get("impls") or [])
     source["impls"] = [i for i in IMPLS if i not in own and i in set(other.get("impls") or [])]
     impls = [i for i in IMPLS if i in own | set(other.get("impls") or [])]
-    return {**results, "rows": rows, "impls": impls, "baselines_from": source}
+    return {**results, "rows": rows, "impls": impls, "baselines_from": [*baseline_sources(results), source]}
+
+
+def baseline_sources(results: dict) -> list[dict]:
+    """The runs a report's baselines came from (a single dict in files of older reports)."""
+    sources = results.get("baselines_from") or []
+    return [sources] if isinstance(sources, dict) else list(sources)
 
 
 def geomean(values: Sequence[float]) -> Optional[float]:
@@ -211,7 +218,7 @@ def markdown_report(results: dict) -> str:
     versions = [f"torch {results.get('torch')}", f"CUDA {results.get('cuda')}"]
     if results.get("triton"):
         versions.append(f"triton {results['triton']}")
-    liger = results.get("liger") or (results.get("baselines_from") or {}).get("liger")
+    liger = results.get("liger") or next((s["liger"] for s in baseline_sources(results) if s.get("liger")), None)
     versions.append(f"Liger-Kernel {liger}" if liger else "Liger-Kernel not run")
     if results.get("python"):
         versions.append(f"Python {results['python']}")
@@ -236,8 +243,9 @@ def markdown_report(results: dict) -> str:
         + (f" ({results['wall_s']:.0f} s)" if results.get("wall_s") else ""),
         "",
     ]
-    source = results.get("baselines_from")
-    if source:
+    for source in baseline_sources(results):
+        if not source.get("impls"):
+            continue  # a baseline run that filled in nothing
         lines += [f"The {', '.join(source['impls'])} columns come from another run "
                   f"of the same cases on this GPU ({source.get('date')}, avo_ops {source.get('avo_ops_commit')}, "
                   f"copy {source.get('copy_gbps') or 0:.0f} GB/s): `{source.get('command')}`.", ""]
@@ -357,13 +365,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("json", help="results.json written by bench_ops.py")
     p.add_argument("--out", metavar="DIR", help="output folder (default: the JSON's folder)")
     p.add_argument("--no-plots", action="store_true", help="only the Markdown")
-    p.add_argument("--baselines", metavar="JSON",
-                   help="take the implementations this run lacks from another run's JSON")
+    p.add_argument("--baselines", metavar="JSON", action="append", default=[],
+                   help="take the implementations this run lacks from another run's JSON (repeatable)")
     args = p.parse_args(argv)
     with open(args.json) as f:
         results = json.load(f)
-    if args.baselines:
-        with open(args.baselines) as f:
+    for path in args.baselines:
+        with open(path) as f:
             results = merge_baselines(results, json.load(f))
     out = args.out or os.path.dirname(os.path.abspath(args.json))
     os.makedirs(out, exist_ok=True)

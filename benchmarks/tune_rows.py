@@ -18,22 +18,29 @@ Four thresholds per (op, kernel, dtype), in 16-byte vectors, each the shortest r
 which a version is faster by more than --margin at that length and no slower by more than
 --tolerance at every longer one; null (never) when there is none. The tolerance is wider
 than the margin because beyond the other versions' limits every forced run takes the same
-kernel, and two runs of one kernel differed by up to 1.7% on the H200:
-  - staged_min_vectors: staged against register, over N up to 32768 (beyond, neither fits);
-  - global_min_vectors: global against the fastest of register, staged and cluster;
+kernel, and two runs of one kernel differed by up to 1.7% on the H200. Each version is
+compared with the fastest of those the dispatch would otherwise take (pick_row_version
+in csrc/include/avo/row_cuda.cuh tries tiled, global, staged, then register or
+pipelined):
+  - staged_min_vectors: staged against register and pipelined, over N up to 32768
+    (beyond, neither fits);
+  - global_min_vectors: global against register, pipelined, staged and cluster;
   - pipelined_min_vectors: pipelined against register, over N up to 32768;
-  - tiled_min_vectors: tiled against the fastest of register, staged, cluster and global,
-    backwards only (it takes backwards with per-column sums: elsewhere a forced tiled run
-    takes the table's choice, one of the versions it is compared with, and does not win
-    by the margin).
+  - tiled_min_vectors: tiled against register, staged, cluster and global.
+Forwards are not timed tiled and backwards not pipelined: the tiled version takes only
+backwards with per-column sums, and no backward pipelines (each reads two per-element
+inputs). A forced run of a version a call cannot take times the table's choice instead,
+one of the versions compared with, and so does not win by the margin.
 --tables computes some of them (and times only the versions they compare); --ops,
 --kernels and --dtypes limit what is measured. Whatever a run does not measure is kept
 from the file it writes over. The file also keeps every time measured, the GPU, the
-versions and the command.
+versions and the command. --recompute PATH times nothing: it computes --tables again
+from the measurements of the last run in PATH (after a change of the rule), no GPU
+needed.
 
 Options: --ops, --kernels, --dtypes, --tables, --row-lengths, --elements (default 2^26),
 --reps (default 30), --margin (default 0.01), --tolerance (default 0.03), --out PATH
-(default tuning/sm_<arch>.json under the repository).
+(default tuning/sm_<arch>.json under the repository), --recompute PATH.
 """
 from __future__ import annotations
 
@@ -61,11 +68,14 @@ ROLES = {"fwd": "forward", "bwd": "backward"}
 DEFAULT_LENGTHS = [256 << i for i in range(11)]  # 256 ... 262144
 STAGED_MAX_LENGTH = 32768  # the longest row of one input the staged version holds (bf16/fp16)
 VERSIONS = ("register", "pipelined", "staged", "cluster", "global", "tiled")
-# The versions each table compares: the last one against the fastest of the others.
-TABLE_VERSIONS = {"staged_min_vectors": ("register", "staged"),
-                  "global_min_vectors": ("register", "staged", "cluster", "global"),
+# The versions each table compares: the last one against the fastest of the others that
+# a measurement has (backwards have no pipelined time, forwards no tiled one).
+TABLE_VERSIONS = {"staged_min_vectors": ("register", "pipelined", "staged"),
+                  "global_min_vectors": ("register", "pipelined", "staged", "cluster", "global"),
                   "pipelined_min_vectors": ("register", "pipelined"),
                   "tiled_min_vectors": ("register", "staged", "cluster", "global", "tiled")}
+# The versions a direction is timed on: forwards never tile, backwards never pipeline.
+UNTIMED = {"fwd": ("tiled",), "bwd": ("pipelined",)}
 # The tables compared on rows of up to STAGED_MAX_LENGTH only: beyond, neither version fits.
 SHORT_ROW_TABLES = ("staged_min_vectors", "pipelined_min_vectors")
 
@@ -95,16 +105,28 @@ def threshold(points: list[tuple[int, float, float]], margin: float, tolerance: 
     return best
 
 
+def timed_us(measurement: dict, version: str) -> float | None:
+    """The time of `version` in a measurement, None where it was not timed or its
+    direction never takes it (a file of an older run may hold such times)."""
+    direction = {role: d for d, role in ROLES.items()}.get(measurement.get("kernel"))
+    if direction is not None and version in UNTIMED[direction]:
+        return None
+    return measurement.get(f"{version}_us")
+
+
 def thresholds(measurements: list[dict], tables: list[str], margin: float, tolerance: float) -> dict[str, int | None]:
     """Each of `tables` of one (op, kernel, dtype) from its measurements by increasing
     length: the last version TABLE_VERSIONS lists for the table against the fastest of the
-    others, over the rows the staged version could hold for SHORT_ROW_TABLES, over all rows
-    for the rest, and only where the challenger was timed (forwards are not timed tiled)."""
+    others that were timed, over the rows the staged version could hold for
+    SHORT_ROW_TABLES, over all rows for the rest, and only where the challenger was timed
+    (forwards are not timed tiled, backwards not pipelined)."""
     found = {}
     for table in tables:
         *incumbents, challenger = TABLE_VERSIONS[table]
-        points = [(m["vectors"], min(m[f"{v}_us"] for v in incumbents), m[f"{challenger}_us"]) for m in measurements
-                  if f"{challenger}_us" in m and (table not in SHORT_ROW_TABLES or m["row_length"] <= STAGED_MAX_LENGTH)]
+        points = [(m["vectors"], min(t for t in (timed_us(m, v) for v in incumbents) if t is not None),
+                   timed_us(m, challenger)) for m in measurements
+                  if timed_us(m, challenger) is not None
+                  and (table not in SHORT_ROW_TABLES or m["row_length"] <= STAGED_MAX_LENGTH)]
         found[table] = threshold(points, margin, tolerance)
     return found
 
@@ -148,6 +170,7 @@ def main(argv=None) -> int:
     p.add_argument("--margin", type=float, default=0.01)
     p.add_argument("--tolerance", type=float, default=0.03)
     p.add_argument("--out", help="default: tuning/sm_<arch>.json in the repository")
+    p.add_argument("--recompute", metavar="PATH", help="time nothing: compute --tables again from PATH's last run")
     args = p.parse_args(argv)
 
     ops = [o for o in args.ops.split(",") if o]
@@ -165,6 +188,8 @@ def main(argv=None) -> int:
     table_names = [t if t.endswith("_min_vectors") else f"{t}_min_vectors" for t in table_names]
     if set(table_names) - set(TABLE_VERSIONS):
         p.error(f"tables: {', '.join(t.removesuffix('_min_vectors') for t in TABLE_VERSIONS)}")
+    if args.recompute:
+        return recompute(args.recompute, table_names, args.margin, args.tolerance)
     versions = [v for v in VERSIONS if any(v in TABLE_VERSIONS[t] for t in table_names)]
     lengths = sorted(int(n) for n in args.row_lengths.split(","))
     if not torch.cuda.is_available():
@@ -185,7 +210,7 @@ def main(argv=None) -> int:
             case = bench_cases.find_case(op, direction)
             dtype = DTYPES[dtype_name]
             shape = case.layout((max(1, args.elements // n), n))
-            timed = [v for v in versions if v != "tiled" or direction == "bwd"]  # forwards never tile
+            timed = [v for v in versions if v not in UNTIMED[direction]]
             times = {v: time_version(avo_ops, case, shape, dtype, v, timer) for v in timed}
             vectors = n * dtype.itemsize // 16
             measurements.append({"op": op, "kernel": ROLES[direction], "dtype": dtype_name, "row_length": n,
@@ -203,26 +228,54 @@ def main(argv=None) -> int:
     run = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": shlex.join([os.path.basename(sys.executable), *sys.argv]),
            "torch": torch.__version__, "cuda": torch.version.cuda}
-    rule = (f"staged from the shortest row where it is faster than register by more than {args.margin:.0%} "
-            f"and slower by no more than {args.tolerance:.0%} at every longer row (N <= {STAGED_MAX_LENGTH}); "
-            f"pipelined the same against register; global the same against the fastest of register, "
-            f"staged and cluster; tiled the same against the fastest of register, staged, cluster and global; "
-            f"null: never")
     result = merged_file(previous, found, measurements, run, {"arch": arch, "gpu": torch.cuda.get_device_name(),
-                                                              "rule": rule})
-    tables = {name: result[name] for name in TABLE_VERSIONS}
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=1)
+                                                              "rule": rule_text(args.margin, args.tolerance)})
+    write_tuning(out, result)
+    return 0
+
+
+def rule_text(margin: float, tolerance: float) -> str:
+    """The rule of thresholds(), as the tuning file states it."""
+    parts = []
+    for table, (*incumbents, challenger) in TABLE_VERSIONS.items():
+        rows = f" (N <= {STAGED_MAX_LENGTH})" if table in SHORT_ROW_TABLES else ""
+        against = incumbents[0] if len(incumbents) == 1 else \
+            f"the fastest of {', '.join(incumbents[:-1])} and {incumbents[-1]} that were timed"
+        parts.append(f"{challenger} against {against}{rows}")
+    return (f"each version from the shortest row where it is faster than the others by more than {margin:.0%} "
+            f"and slower by no more than {tolerance:.0%} at every longer row: " + "; ".join(parts) + "; null: never")
+
+
+def recompute(path: str, tables: list[str], margin: float, tolerance: float) -> int:
+    """--recompute: `tables` of the file at `path` computed again from the measurements
+    of its last run, by the current rule; nothing timed."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    last = len(data.get("runs", [])) - 1
+    measured = [m for m in data.get("measurements", []) if m.get("run", 0) == max(last, 0)]
+    groups = sorted({(m["op"], m["kernel"], m["dtype"]) for m in measured})
+    for op, role, dtype_name in groups:
+        points = sorted((m for m in measured if (m["op"], m["kernel"], m["dtype"]) == (op, role, dtype_name)),
+                        key=lambda m: m["row_length"])
+        for name, value in thresholds(points, tables, margin, tolerance).items():
+            data.setdefault(name, {}).setdefault(op, {}).setdefault(role, {})[dtype_name] = value
+    data["rule"] = rule_text(margin, tolerance)
+    write_tuning(path, data)
+    return 0
+
+
+def write_tuning(path: str, data: dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
         f.write("\n")
-    print(f"wrote {out}")
-    for name, table in tables.items():
+    print(f"wrote {path}")
+    for name in TABLE_VERSIONS:
         print(name)
-        for op, roles in table.items():
+        for op, roles in data.get(name, {}).items():
             for role, by_dtype in roles.items():
                 print(f"  {op:16} {role:8} " + "  ".join(f"{d}: {v if v is not None else 'never'}"
                                                          for d, v in by_dtype.items()))
-    return 0
 
 
 if __name__ == "__main__":

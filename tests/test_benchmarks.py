@@ -224,6 +224,35 @@ def test_baselines_from_another_run_fill_the_missing_implementations(tmp_path):
     assert (tmp_path / "results.md").read_text() == md
 
 
+def test_baselines_from_two_runs_each_fill_what_the_earlier_left_missing(tmp_path):
+    full = synthetic_results()
+
+    def only(impls, command):
+        run = json.loads(json.dumps(full))
+        run["impls"], run["command"] = list(impls), command
+        for row in run["rows"]:
+            row["results"] = {k: v for k, v in row["results"].items() if k in impls}
+        return run
+
+    quick = only(("avo", "eager"), "bench_ops.py --no-compile --no-liger")
+    with_compile = only(("avo", "eager", "compile"), "bench_ops.py --no-liger")
+    with_compile["rows"][0]["results"]["compile"] = {**with_compile["rows"][0]["results"]["compile"], "gbps": 1.0}
+    paths = []
+    for name, run in (("quick", quick), ("compile", with_compile), ("full", full)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(run))
+    assert bench_report.main([str(paths[0]), "--baselines", str(paths[1]), "--baselines", str(paths[2]),
+                              "--no-plots"]) == 0
+    md = (tmp_path / "results.md").read_text()
+    assert "The compile columns come from another run" in md and "`bench_ops.py --no-liger`" in md
+    assert "The liger columns come from another run" in md and "`bench_ops.py --out x`" in md
+    # the first run that has an implementation gives it: compile from the second file
+    merged = bench_report.merge_baselines(bench_report.merge_baselines(quick, with_compile), full)
+    assert merged["rows"][0]["results"]["compile"]["gbps"] == 1.0
+    assert merged["rows"][0]["results"]["liger"] == full["rows"][0]["results"]["liger"]
+    assert [s["impls"] for s in merged["baselines_from"]] == [["compile"], ["liger"]]
+
+
 def test_plots_of_a_synthetic_run_and_replot_from_json(tmp_path):
     pytest.importorskip("matplotlib")
     results = synthetic_results()

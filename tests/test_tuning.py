@@ -149,6 +149,50 @@ def test_pipelined_threshold_is_against_register_on_rows_registers_hold():
     assert thresholds(points[:2] + points[4:], ["pipelined_min_vectors"], 0.01, 0.03) == {"pipelined_min_vectors": None}
 
 
+def test_staged_threshold_is_against_register_and_pipelined():
+    from tune_rows import thresholds
+
+    def m(n, register, pipelined, staged, kernel="forward"):
+        return {"kernel": kernel, "row_length": n, "vectors": n // 8, "register_us": register,
+                "pipelined_us": pipelined, "staged_us": staged}
+
+    # staged beats register from 8192 on, but the pipelined rows (which the dispatch takes
+    # there otherwise) only from 16384 on
+    points = [m(4096, 10, 9, 11), m(8192, 20, 15, 16), m(16384, 40, 32, 30), m(32768, 80, 62, 60)]
+    assert thresholds(points, ["staged_min_vectors"], 0.01, 0.03) == {"staged_min_vectors": 2048}
+    # a backward never pipelines: a pipelined time in its measurement (from an older file)
+    # is not compared, and gives no pipelined threshold
+    backward = [m(n, r, p, st, "backward") for n, r, p, st in
+                [(4096, 10, 9, 11), (8192, 20, 15, 16), (16384, 40, 32, 30), (32768, 80, 62, 60)]]
+    assert thresholds(backward, ["staged_min_vectors", "pipelined_min_vectors"], 0.01, 0.03) == \
+        {"staged_min_vectors": 1024, "pipelined_min_vectors": None}
+
+
+def test_recompute_takes_the_last_runs_measurements(tmp_path):
+    from tune_rows import main
+
+    def m(run, n, register, pipelined, staged):
+        return {"run": run, "op": "softmax", "kernel": "forward", "dtype": "float16", "row_length": n,
+                "vectors": n // 8, "register_us": register, "pipelined_us": pipelined, "staged_us": staged}
+
+    data = {"arch": 90, "gpu": "NVIDIA H200", "runs": [{"date": "d0"}, {"date": "d1"}],
+            "staged_min_vectors": {"softmax": {"forward": {"float16": 512}}},
+            "global_min_vectors": {"softmax": {"forward": {"float16": 8192}}},
+            "pipelined_min_vectors": {"softmax": {"forward": {"float16": 64}}},
+            # run 0: staged faster everywhere; run 1 (the last): pipelined fastest from 8192 on
+            "measurements": [m(0, 4096, 10, 10, 5), m(0, 8192, 20, 20, 10),
+                             m(1, 4096, 10, 10.5, 12), m(1, 8192, 20, 15, 16)]}
+    path = tmp_path / "sm_90.json"
+    path.write_text(json.dumps(data))
+    assert main(["--recompute", str(path), "--tables", "staged,pipelined"]) == 0
+    out = json.loads(path.read_text())
+    assert out["staged_min_vectors"] == {"softmax": {"forward": {"float16": None}}}
+    assert out["pipelined_min_vectors"] == {"softmax": {"forward": {"float16": 1024}}}
+    assert out["global_min_vectors"] == data["global_min_vectors"]  # not among --tables
+    assert out["measurements"] == data["measurements"] and out["runs"] == data["runs"]
+    assert "staged against the fastest of register and pipelined" in out["rule"]
+
+
 def test_tiled_threshold_is_against_the_fastest_other_version():
     from tune_rows import thresholds
 

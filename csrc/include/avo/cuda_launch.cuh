@@ -187,6 +187,13 @@ unsigned resident_grid_size(Kernel kernel, int64_t work_items, int threads, size
   return unsigned(blocks > 0 ? blocks : 1);
 }
 
+// Blocks for a grid of `blocks` (a grid-stride kernel): all of them, up to the largest
+// grid the launch takes.
+inline unsigned full_grid_size(int64_t blocks) {
+  constexpr int64_t kMaxGrid = 2147483647;  // gridDim.x
+  return unsigned(blocks < 1 ? 1 : blocks > kMaxGrid ? kMaxGrid : blocks);
+}
+
 // The math precision of kernels on element type T: exact for float32, fast for the
 // 16-bit types whose rounding hides the difference (avo/math.h).
 template <typename T>
