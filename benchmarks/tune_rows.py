@@ -248,7 +248,8 @@ def rule_text(margin: float, tolerance: float) -> str:
 
 def recompute(path: str, tables: list[str], margin: float, tolerance: float) -> int:
     """--recompute: `tables` of the file at `path` computed again from the measurements
-    of its last run, by the current rule; nothing timed."""
+    of its last run, by the current rule; nothing timed. A table whose version that run
+    did not time keeps its values (say global after a run of --tables staged)."""
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
     last = len(data.get("runs", [])) - 1
@@ -257,7 +258,8 @@ def recompute(path: str, tables: list[str], margin: float, tolerance: float) -> 
     for op, role, dtype_name in groups:
         points = sorted((m for m in measured if (m["op"], m["kernel"], m["dtype"]) == (op, role, dtype_name)),
                         key=lambda m: m["row_length"])
-        for name, value in thresholds(points, tables, margin, tolerance).items():
+        timed = [t for t in tables if any(f"{TABLE_VERSIONS[t][-1]}_us" in m for m in points)]
+        for name, value in thresholds(points, timed, margin, tolerance).items():
             data.setdefault(name, {}).setdefault(op, {}).setdefault(role, {})[dtype_name] = value
     data["rule"] = rule_text(margin, tolerance)
     write_tuning(path, data)

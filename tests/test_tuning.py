@@ -191,6 +191,9 @@ def test_recompute_takes_the_last_runs_measurements(tmp_path):
     assert out["global_min_vectors"] == data["global_min_vectors"]  # not among --tables
     assert out["measurements"] == data["measurements"] and out["runs"] == data["runs"]
     assert "staged against the fastest of register and pipelined" in out["rule"]
+    # the last run timed no global version: asked for, its table keeps its values
+    assert main(["--recompute", str(path), "--tables", "global"]) == 0
+    assert json.loads(path.read_text())["global_min_vectors"] == data["global_min_vectors"]
 
 
 def test_tiled_threshold_is_against_the_fastest_other_version():
