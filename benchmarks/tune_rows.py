@@ -11,8 +11,8 @@ many rows as fit in --elements elements), it times torch.ops.avo.<op>[_backward]
 every call forced onto each version in turn: register, pipelined (the register version
 loading the next row ahead), staged, cluster, global, and for backwards tiled
 (avo_ops._C.set_row_version; a call that cannot take the forced version takes the
-table's choice, so where a version does not fit its run times another kernel). Timing is bench_ops.py's: CUDA events, median of
---reps calls, inputs rotated beyond L2.
+table's choice, so where a version does not fit its run times another kernel). Timing is
+bench_ops.py's: CUDA events, median of --reps calls, inputs rotated beyond L2.
 
 Four thresholds per (op, kernel, dtype), in 16-byte vectors, each the shortest row from
 which a version is faster by more than --margin at that length and no slower by more than
@@ -65,6 +65,7 @@ from generator.build import load_schedules  # noqa: E402
 ROW_OPS = [s.spec.name for s in load_schedules(ROOT, os.path.join(ROOT, "specs")) if s.pattern == "row"]
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 ROLES = {"fwd": "forward", "bwd": "backward"}
+DIRECTIONS = {role: direction for direction, role in ROLES.items()}
 DEFAULT_LENGTHS = [256 << i for i in range(11)]  # 256 ... 262144
 STAGED_MAX_LENGTH = 32768  # the longest row of one input the staged version holds (bf16/fp16)
 VERSIONS = ("register", "pipelined", "staged", "cluster", "global", "tiled")
@@ -108,7 +109,7 @@ def threshold(points: list[tuple[int, float, float]], margin: float, tolerance: 
 def timed_us(measurement: dict, version: str) -> float | None:
     """The time of `version` in a measurement, None where it was not timed or its
     direction never takes it (a file of an older run may hold such times)."""
-    direction = {role: d for d, role in ROLES.items()}.get(measurement.get("kernel"))
+    direction = DIRECTIONS.get(measurement.get("kernel"))
     if direction is not None and version in UNTIMED[direction]:
         return None
     return measurement.get(f"{version}_us")
@@ -129,6 +130,14 @@ def thresholds(measurements: list[dict], tables: list[str], margin: float, toler
                   and (table not in SHORT_ROW_TABLES or m["row_length"] <= STAGED_MAX_LENGTH)]
         found[table] = threshold(points, margin, tolerance)
     return found
+
+
+def by_group(measurements: list[dict]) -> dict[tuple[str, str, str], list[dict]]:
+    """Measurements per (op, kernel, dtype), by increasing row length (what thresholds takes)."""
+    groups: dict[tuple[str, str, str], list[dict]] = {}
+    for m in sorted(measurements, key=lambda m: m["row_length"]):
+        groups.setdefault((m["op"], m["kernel"], m["dtype"]), []).append(m)
+    return groups
 
 
 def previous_file(path: str, arch: int) -> dict:
@@ -218,13 +227,8 @@ def main(argv=None) -> int:
                                  **{f"{v}_us": round(times[v], 2) for v in timed}})
             print(f"[{i}/{len(plan)}] {op}.{direction} {dtype_name} N={n}: "
                   + ", ".join(f"{v} {times[v]:.1f} us" for v in timed), file=sys.stderr, flush=True)
-    found = {}
-    for op in ops:
-        for role in kernels:
-            for dtype_name in dtypes:
-                found[(op, role, dtype_name)] = thresholds(
-                    [m for m in measurements if (m["op"], m["kernel"], m["dtype"]) == (op, role, dtype_name)],
-                    table_names, args.margin, args.tolerance)
+    found = {group: thresholds(points, table_names, args.margin, args.tolerance)
+             for group, points in by_group(measurements).items()}
     run = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": shlex.join([os.path.basename(sys.executable), *sys.argv]),
            "torch": torch.__version__, "cuda": torch.version.cuda}
@@ -254,10 +258,7 @@ def recompute(path: str, tables: list[str], margin: float, tolerance: float) -> 
         data = json.load(f)
     last = len(data.get("runs", [])) - 1
     measured = [m for m in data.get("measurements", []) if m.get("run", 0) == max(last, 0)]
-    groups = sorted({(m["op"], m["kernel"], m["dtype"]) for m in measured})
-    for op, role, dtype_name in groups:
-        points = sorted((m for m in measured if (m["op"], m["kernel"], m["dtype"]) == (op, role, dtype_name)),
-                        key=lambda m: m["row_length"])
+    for (op, role, dtype_name), points in by_group(measured).items():
         timed = [t for t in tables if any(f"{TABLE_VERSIONS[t][-1]}_us" in m for m in points)]
         for name, value in thresholds(points, timed, margin, tolerance).items():
             data.setdefault(name, {}).setdefault(op, {}).setdefault(role, {})[dtype_name] = value
