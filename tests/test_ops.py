@@ -115,6 +115,21 @@ def test_special_values(case, device):
     torch.testing.assert_close(y[3:].double(), CASES[case][1](x[3:].double()), rtol=1e-6, atol=0)
 
 
+def test_silu_float32_within_a_few_ulps(device):
+    """float32 sigmoid (on the GPU a reciprocal refined by a Newton step, not a division)
+    stays within a few ulps of float64 over its whole range: relative error where the
+    result is a normal float, and where sigmoid(x) ~ e^x underflows to subnormals (x <
+    -87) an error below the smallest normal float, not a flush to zero far from it."""
+    x = torch.linspace(-100.0, 30.0, 1 << 20, dtype=torch.float32, device=device)
+    y = torch.ops.avo.silu(x).double()
+    expected = F.silu(x.double())
+    normal = x > -80.0
+    torch.testing.assert_close(y[normal], expected[normal], rtol=6 * FP32_EPS, atol=0)
+    tiny = torch.finfo(torch.float32).tiny
+    assert (y[~normal] - expected[~normal]).abs().max().item() < tiny
+    assert (y[(x < -87.5) & (x > -95.0)] != 0).all()
+
+
 @pytest.mark.parametrize("api", ["op", "functional"])
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("shape", [(5,), (33, 65), (3, 0)], ids=str)

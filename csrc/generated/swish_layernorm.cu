@@ -19,13 +19,13 @@ namespace avo::ops::swish_layernorm {
 //   | kernel   | GPU                 | from      |  float16 | bfloat16 |  float32 |
 //   | forward  | sm_90 (NVIDIA H200) | staged    |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200) | global    |    never |    never |    never |
-//   | forward  | sm_90 (NVIDIA H200) | pipelined |       32 |       32 |    never |
+//   | forward  | sm_90 (NVIDIA H200) | pipelined |     1024 |     1024 |    never |
 //   | forward  | sm_90 (NVIDIA H200) | tiled     |    never |    never |    never |
 //   | forward  | any other GPU       | staged    |    never |    never |    never |
 //   | forward  | any other GPU       | global    |    never |    never |    never |
 //   | forward  | any other GPU       | pipelined |    never |    never |    never |
 //   | forward  | any other GPU       | tiled     |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200) | staged    |      128 |      128 |     1024 |
+//   | backward | sm_90 (NVIDIA H200) | staged    |      128 |      128 |      128 |
 //   | backward | sm_90 (NVIDIA H200) | global    |     8192 |     8192 |     4096 |
 //   | backward | sm_90 (NVIDIA H200) | pipelined |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | tiled     |     4096 |     4096 |     4096 |
@@ -34,11 +34,11 @@ namespace avo::ops::swish_layernorm {
 //   | backward | any other GPU       | pipelined |    never |    never |    never |
 //   | backward | any other GPU       | tiled     |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {1024, 1024, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
-    {90, {128, 128, 1024}, {8192, 8192, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}},
+    {90, {128, 128, 128}, {8192, 8192, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 

@@ -128,7 +128,7 @@ __device__ __forceinline__ float group_reduce(float value, Combine combine, int 
   if (group_threads <= 32) return value;
   __shared__ float per_warp[32];
   const int warp = threadIdx.x / 32, warps = group_threads / 32;
-  const int first = warp - warp % warps;
+  const int first = warp & ~(warps - 1);  // the group's first warp (warps: a power of two)
   __syncthreads();  // a previous reduction may still be reading per_warp
   if (threadIdx.x % 32 == 0) per_warp[warp] = value;
   __syncthreads();
@@ -149,7 +149,7 @@ __device__ __forceinline__ void group_sums(float (&values)[K], int group_threads
   if (group_threads <= 32) return;
   __shared__ float per_warp[K][32];
   const int warp = threadIdx.x / 32, warps = group_threads / 32;
-  const int first = warp - warp % warps;
+  const int first = warp & ~(warps - 1);  // the group's first warp (warps: a power of two)
   __syncthreads();  // a previous reduction may still be reading per_warp
   if (threadIdx.x % 32 == 0) {
     AVO_UNROLL
@@ -220,14 +220,14 @@ struct Reductions {
   __device__ __forceinline__ const Row& self() const { return static_cast<const Row&>(*this); }
 };
 
-// Stores vector v of row r of every per-element output that the call asked for.
+// Stores the vector that starts at element `at` of the [rows, length] outputs, in every
+// per-element output that the call asked for.
 template <typename Math, typename T, typename Args, int V>
-__device__ __forceinline__ void store_output_vectors(const Args& args, int64_t r, int64_t v,
-                                                     const Vec<T, V> (&out)[Args::kOutputs]) {
+__device__ __forceinline__ void store_output_vectors(const Args& args, int64_t at, const Vec<T, V> (&out)[Args::kOutputs]) {
   AVO_UNROLL
   for (int k = 0; k < Args::kOutputs; ++k) {
     if (!((Math::kElementOutputs >> k) & 1u) || args.outputs[k] == nullptr) continue;
-    store_vec<V>(static_cast<T*>(args.outputs[k]) + r * args.length + v * V, out[k]);
+    store_vec<V>(static_cast<T*>(args.outputs[k]) + at, out[k]);
   }
 }
 
@@ -292,7 +292,12 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
   bool active;    // false for the idle groups of the last block: they only join reductions
   int lane;       // thread index in the group
   int group_threads;
-  int64_t vectors;      // vectors of V elements per row
+  // Vectors of V elements per row (an int: a register or cluster row holds at most
+  // kClusterRowVectors * kMaxGroupThreads * kMaxClusterBlocks of them), and the row's
+  // first element. Vector indices are 32-bit and the row's offset is added once, so an
+  // address takes one multiply-add instead of a 64-bit product per vector.
+  int vectors;
+  int64_t start;
   ColumnSums* columns;  // nullptr when the call wants no per-column outputs
   unsigned* exchanges;  // kClustered: the cluster exchanges so far (cluster_combine)
   Vectors cache;
@@ -304,7 +309,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
   __device__ __forceinline__ RegisterRow(const Args& a, int64_t row, bool is_active, int group_lane, int threads,
                                          ColumnSums* column_sums, unsigned* exchange_count = nullptr)
       : RowView<T, Args>(a, row), active(is_active), lane(group_lane), group_threads(threads),
-        vectors(a.length / V), columns(column_sums), exchanges(exchange_count) {
+        vectors(int(a.length / V)), start(row * a.length), columns(column_sums), exchanges(exchange_count) {
     load_vectors(args, r, active, lane, group_threads, cache);
   }
 
@@ -312,25 +317,27 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
   __device__ __forceinline__ RegisterRow(const Args& a, int64_t row, bool is_active, int group_lane, int threads,
                                          ColumnSums* column_sums, const Vectors& loaded, unsigned* exchange_count = nullptr)
       : RowView<T, Args>(a, row), active(is_active), lane(group_lane), group_threads(threads),
-        vectors(a.length / V), columns(column_sums), exchanges(exchange_count), cache(loaded) {}
+        vectors(int(a.length / V)), start(row * a.length), columns(column_sums), exchanges(exchange_count),
+        cache(loaded) {}
 
   // Loads this thread's vectors of row `row`: vector i is the row's vector i * threads + lane.
   __device__ __forceinline__ static void load_vectors(const Args& args, int64_t row, bool is_active, int lane,
                                                       int threads, Vectors& out) {
+    const int vectors = int(args.length / V);
     AVO_UNROLL
     for (int k = 0; k < Args::kInputs; ++k) {
       if (!((Math::kElementInputs >> k) & 1u)) continue;
-      const T* p = static_cast<const T*>(args.inputs[k]);
+      const T* p = static_cast<const T*>(args.inputs[k]) + row * args.length;
       AVO_UNROLL
       for (int i = 0; i < P; ++i) {
-        const int64_t v = int64_t(i) * threads + lane;
-        if (is_active && v < args.length / V) out.v[k][i].load(p + row * args.length + v * V);
+        const int v = i * threads + lane;
+        if (is_active && v < vectors) out.v[k][i].load(p + v * V);
         else out.v[k][i].zero();
       }
     }
   }
 
-  __device__ __forceinline__ int64_t vector_index(int i) const { return int64_t(i) * group_threads + lane; }
+  __device__ __forceinline__ int vector_index(int i) const { return i * group_threads + lane; }
 
   // Element j of this thread's vector i, for the generated lambdas.
   struct At {
@@ -362,7 +369,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
   __device__ __forceinline__ void each_vector(Visit visit) const {
     AVO_UNROLL
     for (int i = 0; i < P; ++i) {
-      const int64_t v = vector_index(i);
+      const int v = vector_index(i);
       if (!active || v >= vectors) continue;
       Cached columns[Args::kInputs];
       load_column_vectors<ColumnMask, Math>(args, v, columns);
@@ -373,7 +380,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
   template <unsigned M, typename Combine, typename F>
   __device__ __forceinline__ float reduce(F term, Combine combine, float identity) const {
     float partial = identity;
-    each_vector<M>([&](int i, int64_t v, const Cached* cols) {
+    each_vector<M>([&](int i, int v, const Cached* cols) {
       AVO_UNROLL
       for (int j = 0; j < V; ++j) partial = combine(partial, term(At{*this, i, j, cols, nullptr}));
     });
@@ -389,7 +396,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
   __device__ __forceinline__ void reduce_sums(F terms_at, float (&out)[K]) const {
     AVO_UNROLL
     for (int k = 0; k < K; ++k) out[k] = 0.0f;
-    each_vector<M>([&](int i, int64_t v, const Cached* cols) {
+    each_vector<M>([&](int i, int v, const Cached* cols) {
       AVO_UNROLL
       for (int j = 0; j < V; ++j) {
         float terms[K];
@@ -408,11 +415,11 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
 
   template <unsigned M, typename F>
   __device__ __forceinline__ void for_each(Columns<M>, F body) const {
-    each_vector<M>([&](int i, int64_t v, const Cached* cols) {
+    each_vector<M>([&](int i, int v, const Cached* cols) {
       Vector staged[Args::kOutputs];
       AVO_UNROLL
       for (int j = 0; j < V; ++j) body(At{*this, i, j, cols, staged});
-      store_output_vectors<Math>(args, r, v, staged);
+      store_output_vectors<Math>(args, start + v * V, staged);
     });
   }
 
@@ -421,7 +428,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
   // after inlining, and otherwise the terms' arithmetic is dropped).
   template <int K, unsigned M, typename F>
   __device__ __forceinline__ void for_each_with_column_sums(Columns<M>, F body) const {
-    each_vector<M>([&](int i, int64_t v, const Cached* cols) {
+    each_vector<M>([&](int i, int v, const Cached* cols) {
       Vector staged[Args::kOutputs];
       AVO_UNROLL
       for (int j = 0; j < V; ++j) {
@@ -431,7 +438,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
         AVO_UNROLL
         for (int k = 0; k < K; ++k) (*columns)[k][i][j] += terms[k];
       }
-      store_output_vectors<Math>(args, r, v, staged);
+      store_output_vectors<Math>(args, start + v * V, staged);
     });
   }
 
@@ -509,7 +516,7 @@ struct LoadedVectorPasses : Reductions<Row> {
       Vec<T, V> out[Args::kOutputs];
       AVO_UNROLL
       for (int j = 0; j < V; ++j) body(At{in, j, out});
-      store_output_vectors<Math>(row.args, row.r, v, out);
+      store_output_vectors<Math>(row.args, row.r * row.args.length + v * V, out);
     });
   }
 
@@ -529,7 +536,7 @@ struct LoadedVectorPasses : Reductions<Row> {
         AVO_UNROLL
         for (int k = 0; k < K; ++k) (*row.columns)[k][i][j] += terms[k];
       }
-      store_output_vectors<Math>(row.args, row.r, v, out);
+      store_output_vectors<Math>(row.args, row.r * row.args.length + v * V, out);
     });
   }
 };
@@ -672,7 +679,7 @@ struct GlobalRow : RowView<T, Args>, LoadedVectorPasses<GlobalRow<T, Args, Math,
         AVO_UNROLL
         for (int k = 0; k < K; ++k) terms[k][j] = at_j[k];
       }
-      store_output_vectors<Math>(args, r, v, out);
+      store_output_vectors<Math>(args, r * args.length + v * V, out);
       if (chunk < 0) return;
       AVO_UNROLL
       for (int k = 0; k < K; ++k) set_or_add<V>(args.partials + (k * args.chunks + chunk) * args.length + v * V, terms[k], first);
@@ -917,8 +924,10 @@ template <typename T, typename Args, typename Math, int V, bool kPipelined>
 __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math>) register_row_kernel(const Args args, const Math math,
                                                                         int group_threads) {
   using Row = RegisterRow<T, Args, Math, V>;
-  const int groups = blockDim.x / group_threads;
-  const int group = threadIdx.x / group_threads, lane = threadIdx.x % group_threads;
+  // group_threads is a power of two: shifts and a mask, not integer divisions.
+  const int shift = __ffs(group_threads) - 1;
+  const int groups = blockDim.x >> shift;
+  const int group = threadIdx.x >> shift, lane = threadIdx.x & (group_threads - 1);
   if constexpr (kPipelined) {
     static_assert(kCanPipeline<Math>, "a kernel with per-column sums or several inputs is not pipelined");
     // The block takes rows first, first + step, ... (plus its group's place).
