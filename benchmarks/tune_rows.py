@@ -10,16 +10,17 @@ dtype (float16, bfloat16, float32) and row length N (powers of two from 256 to 2
 many rows as fit in --elements elements), it times torch.ops.avo.<op>[_backward] with
 every call forced onto each version in turn: register, pipelined (the register version
 loading the next row ahead), staged, cluster, global, and for backwards tiled
-(avo_ops._C.set_row_version; a call that cannot take the forced version takes the
-table's choice, so where a version does not fit its run times another kernel). Timing is
-bench_ops.py's: CUDA events, median of --reps calls, inputs rotated beyond L2.
+(avo_ops._C.set_row_version). A call that cannot take the forced version (the row does
+not fit it) takes the table's choice; avo_ops._C.last_row_version tells, and such a run
+is not recorded as that version's time. Timing is bench_ops.py's: CUDA events, median of
+--reps calls, inputs rotated beyond L2.
 
 Four thresholds per (op, kernel, dtype), in 16-byte vectors, each the shortest row from
 which a version is faster by more than --margin at that length and no slower by more than
---tolerance at every longer one; null (never) when there is none. The tolerance is wider
-than the margin because beyond the other versions' limits every forced run takes the same
-kernel, and two runs of one kernel differed by up to 1.7% on the H200. Each version is
-compared with the fastest of those the dispatch would otherwise take (pick_row_version
+--tolerance at every longer one where another version was timed; null (never) when there
+is none. The tolerance is wider than the margin because two runs of one kernel differed by
+up to 1.7% on the H200. Each version is compared with the fastest of those the dispatch
+would otherwise take (pick_row_version
 in csrc/include/avo/row_cuda.cuh tries tiled, global, staged, then register or
 pipelined):
   - staged_min_vectors: staged against register and pipelined, over N up to 32768
@@ -29,8 +30,10 @@ pipelined):
   - tiled_min_vectors: tiled against register, staged, cluster and global.
 Forwards are not timed tiled and backwards not pipelined: the tiled version takes only
 backwards with per-column sums, and no backward pipelines (each reads two per-element
-inputs). A forced run of a version a call cannot take times the table's choice instead,
-one of the versions compared with, and so does not win by the margin.
+inputs). Before runs were checked against the version they took, a forced run of a
+version that did not fit timed the table's choice: at the longest rows every version
+timed the same kernel, no version won by the margin there, and a run of every table found
+no tiled or global threshold where the tables of the runs before had them.
 --tables computes some of them (and times only the versions they compare); --ops,
 --kernels and --dtypes limit what is measured. Whatever a run does not measure is kept
 from the file it writes over. The file also keeps every time measured, the GPU, the
@@ -81,17 +84,19 @@ UNTIMED = {"fwd": ("tiled",), "bwd": ("pipelined",)}
 SHORT_ROW_TABLES = ("staged_min_vectors", "pipelined_min_vectors")
 
 
-def time_version(avo_ops, case, shape, dtype, version: str, timer: bench_ops.Timer) -> float:
-    """Median microseconds of one call of the avo kernel, forced onto `version`."""
+def time_version(avo_ops, case, shape, dtype, version: str, timer: bench_ops.Timer) -> float | None:
+    """Median microseconds of one call of the avo kernel, forced onto `version`; None
+    where the call could not take it (it ran another version: avo_ops._C.last_row_version)."""
     arg_sets = bench_ops.input_sets(case, shape, dtype)
     avo_ops._C.set_row_version(version)
     try:
         times = timer.measure(case.avo, arg_sets)
+        took = avo_ops._C.last_row_version()
     finally:
         avo_ops._C.set_row_version("auto")
     del arg_sets
     torch.cuda.empty_cache()
-    return sorted(times)[len(times) // 2]
+    return sorted(times)[len(times) // 2] if took == version else None
 
 
 def threshold(points: list[tuple[int, float, float]], margin: float, tolerance: float) -> int | None:
@@ -119,15 +124,19 @@ def thresholds(measurements: list[dict], tables: list[str], margin: float, toler
     """Each of `tables` of one (op, kernel, dtype) from its measurements by increasing
     length: the last version TABLE_VERSIONS lists for the table against the fastest of the
     others that were timed, over the rows the staged version could hold for
-    SHORT_ROW_TABLES, over all rows for the rest, and only where the challenger was timed
-    (forwards are not timed tiled, backwards not pipelined)."""
+    SHORT_ROW_TABLES, over all rows for the rest, and only where the challenger and at
+    least one other were timed (forwards are not timed tiled, backwards not pipelined, and
+    a version is not timed where the call cannot take it)."""
     found = {}
     for table in tables:
         *incumbents, challenger = TABLE_VERSIONS[table]
-        points = [(m["vectors"], min(t for t in (timed_us(m, v) for v in incumbents) if t is not None),
-                   timed_us(m, challenger)) for m in measurements
-                  if timed_us(m, challenger) is not None
-                  and (table not in SHORT_ROW_TABLES or m["row_length"] <= STAGED_MAX_LENGTH)]
+        points = []
+        for m in measurements:
+            if table in SHORT_ROW_TABLES and m["row_length"] > STAGED_MAX_LENGTH:
+                continue
+            incumbent = [t for t in (timed_us(m, v) for v in incumbents) if t is not None]
+            if incumbent and timed_us(m, challenger) is not None:
+                points.append((m["vectors"], min(incumbent), timed_us(m, challenger)))
         found[table] = threshold(points, margin, tolerance)
     return found
 
@@ -219,14 +228,16 @@ def main(argv=None) -> int:
             case = bench_cases.find_case(op, direction)
             dtype = DTYPES[dtype_name]
             shape = case.layout((max(1, args.elements // n), n))
-            timed = [v for v in versions if v not in UNTIMED[direction]]
-            times = {v: time_version(avo_ops, case, shape, dtype, v, timer) for v in timed}
+            tried = [v for v in versions if v not in UNTIMED[direction]]
+            times = {v: time_version(avo_ops, case, shape, dtype, v, timer) for v in tried}
+            timed = [v for v in tried if times[v] is not None]
             vectors = n * dtype.itemsize // 16
             measurements.append({"op": op, "kernel": ROLES[direction], "dtype": dtype_name, "row_length": n,
                                  "vectors": vectors, "shape": list(shape),
                                  **{f"{v}_us": round(times[v], 2) for v in timed}})
             print(f"[{i}/{len(plan)}] {op}.{direction} {dtype_name} N={n}: "
-                  + ", ".join(f"{v} {times[v]:.1f} us" for v in timed), file=sys.stderr, flush=True)
+                  + ", ".join(f"{v} {times[v]:.1f} us" if times[v] is not None else f"{v} cannot take it"
+                              for v in tried), file=sys.stderr, flush=True)
     found = {group: thresholds(points, table_names, args.margin, args.tolerance)
              for group, points in by_group(measurements).items()}
     run = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -1,6 +1,6 @@
 // The Python module `avo_ops._C`. Importing it runs the static TORCH_LIBRARY
-// registrations of the linked op sources; it exposes built_with_cuda() and
-// set_row_version() (for tests and benchmarks).
+// registrations of the linked op sources; it exposes built_with_cuda(), and
+// set_row_version() and last_row_version() (for tests and benchmarks).
 #include <Python.h>
 
 #include <cstring>
@@ -17,6 +17,17 @@ PyObject* built_with_cuda(PyObject*, PyObject*) {
 #endif
 }
 
+const struct {
+  const char* name;
+  avo::RowVersion version;
+} kVersions[] = {{"auto", avo::RowVersion::kAuto},
+                 {"register", avo::RowVersion::kRegister},
+                 {"pipelined", avo::RowVersion::kPipelined},
+                 {"staged", avo::RowVersion::kStaged},
+                 {"cluster", avo::RowVersion::kCluster},
+                 {"global", avo::RowVersion::kGlobal},
+                 {"tiled", avo::RowVersion::kTiled}};
+
 // set_row_version(name): "auto", "register", "pipelined", "staged", "cluster", "global" or "tiled".
 PyObject* set_row_version(PyObject*, PyObject* arg) {
   const char* name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : nullptr;
@@ -24,17 +35,7 @@ PyObject* set_row_version(PyObject*, PyObject* arg) {
     PyErr_SetString(PyExc_TypeError, "set_row_version: expected a str");
     return nullptr;
   }
-  static const struct {
-    const char* name;
-    avo::RowVersion version;
-  } versions[] = {{"auto", avo::RowVersion::kAuto},
-                  {"register", avo::RowVersion::kRegister},
-                  {"pipelined", avo::RowVersion::kPipelined},
-                  {"staged", avo::RowVersion::kStaged},
-                  {"cluster", avo::RowVersion::kCluster},
-                  {"global", avo::RowVersion::kGlobal},
-                  {"tiled", avo::RowVersion::kTiled}};
-  for (const auto& v : versions) {
+  for (const auto& v : kVersions) {
     if (std::strcmp(name, v.name) == 0) {
       avo::forced_row_version() = v.version;
       Py_RETURN_NONE;
@@ -46,12 +47,22 @@ PyObject* set_row_version(PyObject*, PyObject* arg) {
   return nullptr;
 }
 
+// last_row_version(): the name of the version the last CUDA row-op call took ("auto"
+// before any).
+PyObject* last_row_version(PyObject*, PyObject*) {
+  for (const auto& v : kVersions)
+    if (v.version == avo::last_row_version()) return PyUnicode_FromString(v.name);
+  return PyUnicode_FromString("auto");
+}
+
 PyMethodDef methods[] = {
     {"built_with_cuda", built_with_cuda, METH_NOARGS, "True when the extension has CUDA kernels."},
     {"set_row_version", set_row_version, METH_O,
      "Makes every CUDA row-op call take one kernel version ('register', 'staged', 'cluster', 'global') where "
      "it can, "
      "or the dispatch table's choice ('auto'). For tests and benchmarks."},
+    {"last_row_version", last_row_version, METH_NOARGS,
+     "The version the last CUDA row-op call took ('auto' before any). For tests and benchmarks."},
     {nullptr, nullptr, 0, nullptr},
 };
 

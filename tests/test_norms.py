@@ -584,6 +584,25 @@ def test_global_kernel_version_on_long_rows_matches_float64(name, shape, row_ver
     check_gradients(op, tensors, dtype, op.op)
 
 
+@needs_cuda
+def test_last_row_version_names_the_version_a_call_took():
+    """What the tuner relies on to drop the times of versions a call could not take: a
+    forced version that fits is reported; a row of 65536 elements does not fit the
+    register version, so forced onto it the call reports another."""
+    x = torch.randn(8, 1024, device="cuda")
+    long_rows = torch.randn(2, 65536, device="cuda")
+    try:
+        for version in ("register", "staged", "global"):
+            avo_ops._C.set_row_version(version)
+            torch.ops.avo.softmax(x)
+            assert avo_ops._C.last_row_version() == version
+        avo_ops._C.set_row_version("register")
+        torch.ops.avo.softmax(long_rows)
+        assert avo_ops._C.last_row_version() not in ("register", "auto")
+    finally:
+        avo_ops._C.set_row_version("auto")
+
+
 def test_set_row_version_rejects_unknown_names():
     with pytest.raises(ValueError, match="set_row_version: unknown version 'fast'"):
         avo_ops._C.set_row_version("fast")

@@ -216,6 +216,29 @@ def test_tiled_threshold_is_against_the_fastest_other_version():
     assert thresholds(points, ["tiled_min_vectors"], 0.01, 0.03) == {"tiled_min_vectors": None}
 
 
+def test_versions_a_call_could_not_take_are_not_compared():
+    """A forced run that took another version records no time for the forced one (the
+    timing run asks avo_ops._C.last_row_version). Where a row fits no version but the
+    challenger, the length is not compared; where it fits the challenger and others, the
+    others that ran are the incumbents."""
+    from tune_rows import thresholds
+
+    def m(n, times):
+        return {"kernel": "backward", "row_length": n, "vectors": n // 8, **{f"{v}_us": t for v, t in times.items()}}
+
+    # register holds rows up to 8192, staged up to 16384, cluster up to 131072; global
+    # and tiled take every length. Tiled wins from 65536 on, by far at the longest rows.
+    points = [m(4096, {"register": 10, "staged": 11, "cluster": 12, "global": 13, "tiled": 12}),
+              m(16384, {"staged": 30, "cluster": 28, "global": 40, "tiled": 29}),
+              m(65536, {"cluster": 90, "global": 95, "tiled": 60}),
+              m(262144, {"global": 300, "tiled": 150})]
+    assert thresholds(points, ["tiled_min_vectors", "global_min_vectors"], 0.01, 0.03) == \
+        {"tiled_min_vectors": 8192, "global_min_vectors": None}
+    # only the challenger ran at a length: nothing to compare there, the shorter rows decide
+    points[3] = m(262144, {"tiled": 150})
+    assert thresholds(points, ["tiled_min_vectors"], 0.01, 0.03) == {"tiled_min_vectors": 8192}
+
+
 def test_a_partial_run_keeps_what_it_did_not_measure():
     from tune_rows import merged_file
 

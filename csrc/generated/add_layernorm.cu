@@ -18,27 +18,27 @@ namespace avo::ops::add_layernorm {
 // no other version fits. Measured by benchmarks/tune_rows.py (tuning/sm_<arch>.json).
 //   | kernel   | GPU                 | from      |  float16 | bfloat16 |  float32 |
 //   | forward  | sm_90 (NVIDIA H200) | staged    |    never |    never |    never |
-//   | forward  | sm_90 (NVIDIA H200) | global    |     4096 |     4096 |    never |
-//   | forward  | sm_90 (NVIDIA H200) | pipelined |    never |     4096 |    never |
+//   | forward  | sm_90 (NVIDIA H200) | global    |    never |    never |    never |
+//   | forward  | sm_90 (NVIDIA H200) | pipelined |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200) | tiled     |    never |    never |    never |
 //   | forward  | any other GPU       | staged    |    never |    never |    never |
 //   | forward  | any other GPU       | global    |    never |    never |    never |
 //   | forward  | any other GPU       | pipelined |    never |    never |    never |
 //   | forward  | any other GPU       | tiled     |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200) | staged    |     4096 |    never |    never |
-//   | backward | sm_90 (NVIDIA H200) | global    |     8192 |     8192 |     8192 |
+//   | backward | sm_90 (NVIDIA H200) | staged    |    never |    never |    never |
+//   | backward | sm_90 (NVIDIA H200) | global    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | pipelined |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200) | tiled     |     2048 |     2048 |     2048 |
+//   | backward | sm_90 (NVIDIA H200) | tiled     |     2048 |     2048 |     8192 |
 //   | backward | any other GPU       | staged    |    never |    never |    never |
 //   | backward | any other GPU       | global    |    never |    never |    never |
 //   | backward | any other GPU       | pipelined |    never |    never |    never |
 //   | backward | any other GPU       | tiled     |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, avo::kNever}, {avo::kNever, 4096, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
-    {90, {4096, avo::kNever, avo::kNever}, {8192, 8192, 8192}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, 2048}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, 8192}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 

@@ -1404,6 +1404,7 @@ void launch_row_op(const Args& args, const Math& math, const RowThresholds& tabl
   const bool can_tile = kCanTile<Math> && chunked && vectorized && args.tile_sums != nullptr;
   const RowVersion version = pick_row_version(vectors, fits_registers, fits_staged, fits_cluster,
                                               kCanPipeline<Math> && vectorized, can_tile, thresholds);
+  last_row_version() = version;
   int64_t partial_chunks = args.chunks;  // the chunks of the partials the version writes
   switch (version) {
     case RowVersion::kRegister:

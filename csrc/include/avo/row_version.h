@@ -48,4 +48,11 @@ inline RowVersion& forced_row_version() {
   return forced;
 }
 
+// The version the last CUDA row-op call took (kAuto before any): a benchmark that forces
+// a version reads it to know whether its times are that version's.
+inline RowVersion& last_row_version() {
+  static RowVersion last = RowVersion::kAuto;
+  return last;
+}
+
 }  // namespace avo
