@@ -43,7 +43,8 @@ gelu, which runs the same kernels; name it to include it), --dirs fwd,bwd, --dty
 bf16,fp16,fp32, --no-compile, --no-liger, --no-avo (only the baselines; no avo_ops needed).
 Timing: --reps N (default 50), --warmup N (default 10).
 
-Outputs: --out DIR writes DIR/results.json (GPU, versions, date, command, copy bandwidth,
+Outputs: --out DIR writes DIR/results.json (GPU, versions, the avo_ops commit (--commit
+LABEL, else `git describe` of the checkout), date, command, copy bandwidth,
 every measurement with its median time, GB/s, fraction of copy and first-call time),
 DIR/results.md (summary and per-op tables) and DIR/plots/<op>_<dir>.png (GB/s against row
 length, one line per implementation, one panel per dtype; needs matplotlib, see
@@ -604,6 +605,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--no-plots", action="store_true", help="no PNG plots with --out")
     p.add_argument("--no-progress", action="store_true",
                    help="plain progress lines instead of a progress bar")
+    p.add_argument("--commit", metavar="LABEL",
+                   help="the avo_ops commit the results name (default: `git describe --always --dirty` of this "
+                        "checkout; give it where the files are not the checkout's history, e.g. a copied tree)")
     args = p.parse_args(argv)
 
     args.ops = split_list(args.ops) or (QUICK_OPS if args.quick else DEFAULT_OPS)
@@ -678,7 +682,7 @@ def run_meta(args, copy: list[dict], impls: Sequence[str], liger_used: bool) -> 
         "triton": package_version("triton"),
         "liger": liger_baselines.version() if liger_used else None,
         "python": platform.python_version(),
-        "avo_ops_commit": git_commit(),
+        "avo_ops_commit": args.commit or git_commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join([sys.executable, *sys.argv]),
         "impls": list(impls),

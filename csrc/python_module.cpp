@@ -58,9 +58,8 @@ PyObject* last_row_version(PyObject*, PyObject*) {
 PyMethodDef methods[] = {
     {"built_with_cuda", built_with_cuda, METH_NOARGS, "True when the extension has CUDA kernels."},
     {"set_row_version", set_row_version, METH_O,
-     "Makes every CUDA row-op call take one kernel version ('register', 'staged', 'cluster', 'global') where "
-     "it can, "
-     "or the dispatch table's choice ('auto'). For tests and benchmarks."},
+     "Makes every CUDA row-op call take one kernel version ('register', 'pipelined', 'staged', 'cluster', "
+     "'global', 'tiled') where it can, or the dispatch table's choice ('auto'). For tests and benchmarks."},
     {"last_row_version", last_row_version, METH_NOARGS,
      "The version the last CUDA row-op call took ('auto' before any). For tests and benchmarks."},
     {nullptr, nullptr, 0, nullptr},

@@ -155,6 +155,17 @@ def synthetic_results() -> dict:
             "rows": rows}
 
 
+def test_results_name_the_commit_given_or_the_checkouts(monkeypatch):
+    """--commit names the tree where its .git is not the files' history; without it the
+    results name `git describe` of the checkout."""
+    monkeypatch.setattr(bench_ops.torch.cuda, "get_device_name", lambda: "a GPU")
+    monkeypatch.setattr(bench_ops, "l2_bytes", lambda: 1 << 20)
+    args = bench_ops.argparse.Namespace(commit="abc1234", reps=1, warmup=0, sweep_elements=1)
+    assert bench_ops.run_meta(args, [], ["avo"], False)["avo_ops_commit"] == "abc1234"
+    args.commit = None
+    assert bench_ops.run_meta(args, [], ["avo"], False)["avo_ops_commit"] == bench_ops.git_commit()
+
+
 def test_markdown_report_of_a_synthetic_run():
     md = bench_report.markdown_report(synthetic_results())
     assert md.startswith("# avo_ops benchmark — Test GPU\n")
