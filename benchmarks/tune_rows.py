@@ -135,8 +135,9 @@ def thresholds(measurements: list[dict], tables: list[str], margin: float, toler
             if table in SHORT_ROW_TABLES and m["row_length"] > STAGED_MAX_LENGTH:
                 continue
             incumbent = [t for t in (timed_us(m, v) for v in incumbents) if t is not None]
-            if incumbent and timed_us(m, challenger) is not None:
-                points.append((m["vectors"], min(incumbent), timed_us(m, challenger)))
+            challenger_us = timed_us(m, challenger)
+            if incumbent and challenger_us is not None:
+                points.append((m["vectors"], min(incumbent), challenger_us))
         found[table] = threshold(points, margin, tolerance)
     return found
 

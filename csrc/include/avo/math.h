@@ -1,10 +1,11 @@
 // The functions the spec language offers, for host and device, in two precisions.
 //
 // Functions<Exact> is libm-accurate (sigmoid: within a few ulps over its whole range, see
-// there) and is what float32 kernels (and every CPU kernel) use. Functions<Fast> is for kernels whose results are rounded to 16 bits afterwards
-// (float16, bfloat16): on the GPU it trades the last fp32 bits, which that rounding
-// discards anyway, for fewer instructions, so those kernels stay memory-bound. Its
-// absolute error stays below 1e-6 (erf) and a few fp32 ulps (exp, sigmoid).
+// there) and is what float32 kernels (and every CPU kernel) use. Functions<Fast> is for
+// kernels whose results are rounded to 16 bits afterwards (float16, bfloat16): on the GPU
+// it trades the last fp32 bits, which that rounding discards anyway, for fewer
+// instructions, so those kernels stay memory-bound. Its absolute error stays below 1e-6
+// (erf) and a few fp32 ulps (exp, sigmoid).
 // Semantics follow torch: minimum/maximum propagate NaN, sign(0) == 0.
 #pragma once
 
@@ -75,7 +76,6 @@ struct Functions<Exact> {
   AVO_HOST_DEVICE static float minimum(float a, float b) { return (a != a || a < b) ? a : b; }
   AVO_HOST_DEVICE static float maximum(float a, float b) { return (a != a || a > b) ? a : b; }
 };
-
 
 template <>
 struct Functions<Fast> : Functions<Exact> {
