@@ -89,7 +89,8 @@ def extension():
         define_macros=[("AVO_WITH_CUDA", None)],
         # -fmad=false: the generated math evaluates the same expression in several passes
         # over a row (x * sigmoid(x) in the mean, then again in x - mean); fused
-        # multiply-adds chosen differently in each would make them disagree.
+        # multiply-adds chosen differently in each would make them disagree. The generator
+        # writes the ones that are safe itself (F::fma, generator/emit_c.py).
         extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-lineinfo", "-fmad=false"]},
         extra_link_args=link_flags,
     )

@@ -35,6 +35,24 @@ def literal(node: Node) -> str:
     return float_literal(node.value)
 
 
+def fusable_products(roots) -> set[int]:
+    """The products (ids of "mul" nodes) of per-element values whose only use, anywhere
+    under `roots`, is one add or sub: printed as one F::fma with it. A product used
+    anywhere else is rounded on its own everywhere, so that every pass computes the same
+    value from it (swish_layernorm sums x * sigmoid(x) over the row and then subtracts the
+    mean from it: fused in the subtraction only, a row of one element would not
+    normalize to exactly zero). Row-level products are left alone: they are hoisted out
+    of the passes and named."""
+    parents: dict[int, list[Node]] = {}
+    order = topological_order(roots)
+    for node in order:
+        for a in node.args:
+            parents.setdefault(id(a), []).append(node)
+    return {id(n) for n in order
+            if n.op == "mul" and n.domain in ("elem", "col") and len(parents.get(id(n), ())) == 1
+            and parents[id(n)][0].op in ("add", "sub")}
+
+
 class StatementPrinter:
     """Turns `graph.results` into C++ lines assigning each result variable."""
 
@@ -42,6 +60,8 @@ class StatementPrinter:
         self.graph = graph
         self.leaf_names = leaf_names  # spec name -> C++ expression for inputs and attributes
         self.order = topological_order(graph.results.values())
+        self.fusable = fusable_products(graph.results.values())
+        self.printed_fma = False
         uses: dict[int, int] = {}
         for node in self.order:
             for a in node.args:
@@ -56,8 +76,9 @@ class StatementPrinter:
         self.taken = taken
 
     def uses_functions(self) -> bool:
-        """True when the math calls any function (and so needs the alias `F`)."""
-        return any(n.op in FUNCTIONS and not (n.op == "pow" and n.args[1].is_const and n.args[1].value in SMALL_POWERS)
+        """True when the math calls any function (and so needs the alias `F`); asked
+        after lines()."""
+        return self.printed_fma or any(n.op in FUNCTIONS and not (n.op == "pow" and n.args[1].is_const and n.args[1].value in SMALL_POWERS)
                    for n in self.order)
 
     def lines(self) -> list[str]:
@@ -100,6 +121,9 @@ class StatementPrinter:
         if not top and (not node.args or id(node) in self.names):
             return self.ref(node)
         op, args = node.op, node.args
+        fused = self.fused_multiply_add(node)
+        if fused is not None:
+            return fused
         if op in INFIX:
             left = self.operand(args[0], op, right=False)
             right = self.operand(args[1], op, right=True)
@@ -118,6 +142,35 @@ class StatementPrinter:
             return " * ".join([factor] * exponent)
         return f"{FUNCTIONS[op]}({', '.join(self.expr(a) for a in args)})"
 
+    def fused_multiply_add(self, node: Node) -> str | None:
+        """a * b + c, c + a * b, a * b - c and c - a * b as F::fma where the product is
+        fusable (fusable_products) and printed inline here; None otherwise."""
+        if not self.is_fused(node):
+            return None
+        left, right = node.args
+        if self.inline_product(left):  # a * b + c, a * b - c
+            (a, b), c = left.args, right
+            factor = self.expr(a)
+            addend = self.expr(c) if node.op == "add" else self.negated(c)
+        else:  # c + a * b, c - a * b
+            (a, b), c = right.args, left
+            factor = self.expr(a) if node.op == "add" else self.negated(a)
+            addend = self.expr(c)
+        self.printed_fma = True
+        return f"F::fma({factor}, {self.expr(b)}, {addend})"
+
+    def inline_product(self, node: Node) -> bool:
+        return id(node) in self.fusable and id(node) not in self.names
+
+    def is_fused(self, node: Node) -> bool:
+        """Whether `node` prints as F::fma (fused_multiply_add)."""
+        return node.op in ("add", "sub") and any(self.inline_product(a) for a in node.args)
+
+    def negated(self, node: Node) -> str:
+        if node.op == "const":
+            return float_literal(-node.value)
+        return f"-{self.operand(node, 'neg', False)}"
+
     def operand(self, child: Node, parent_op: str, right: bool) -> str:
         text = self.expr(child)
         inline = child.args and id(child) not in self.names
@@ -126,6 +179,8 @@ class StatementPrinter:
         if not inline:
             return text
         child_prec = PRECEDENCE.get(child.op, ATOM)
+        if self.is_fused(child):
+            child_prec = ATOM  # printed as a call
         if child.op == "pow" and child.args[1].is_const and child.args[1].value in SMALL_POWERS:
             child_prec = PRECEDENCE["mul"]  # printed as a product or quotient
         parent_prec = PRECEDENCE[parent_op]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import textwrap
 
-from .emit_c import StatementPrinter, float_literal
+from .emit_c import StatementPrinter, float_literal, fusable_products
 from .emit_kernels import bitmask, entry_points, enum_name, header_comment, launcher_params
 from .ir import REDUCTION_OPS, Graph, Node, const, make, reduce, reduction_depth, topological_order, with_args
 from .schedule import OpSchedule, RowKernel, Specialization
@@ -127,11 +127,14 @@ def column_default(i) -> str:
 
 class ScopePrinter(StatementPrinter):
     """Declares `roots` (C++ name -> node) as `const float` lines; nodes in `known`
-    are already computed and referenced by name."""
+    are already computed and referenced by name. `fusable`: fusable_products of the whole
+    program, so that every pass fuses the same products."""
 
     def __init__(self, roots: dict[str, Node], known: dict[int, str], leaf_names: dict[str, str],
-                 spec_names: dict[Node, str], taken: set[str]):
+                 spec_names: dict[Node, str], taken: set[str], fusable: set[int]):
         self.roots = roots
+        self.fusable = fusable
+        self.printed_fma = False
         self.leaf_names = leaf_names
         self.order = topological_order(roots.values(), stop=known)
         self.uses = {}
@@ -194,6 +197,7 @@ class RowProgram:
         self.results = per_row_reciprocals(
             earlier_sums({name: strip_no_grad(node, memo) for name, node in graph.results.items()}))
         self.spec_names = {strip_no_grad(n, memo): name for n, name in graph.names.items()}
+        self.fusable = fusable_products(self.results.values())
         self.taken = {i.name for i in kernel.inputs} | {name for name, _ in kernel.scalars} | {"length", "row", "at",
                                                                                                "terms"}
         self.known: dict[int, str] = {}
@@ -295,7 +299,7 @@ class RowProgram:
             call = "kept" if id(node) in self.kept_started else "keep"
             self.kept_started.add(id(node))
             printer = ScopePrinter({"value": node}, self.known, self.leaf_names, self.spec_names,
-                                   self.taken | set(self.kept_names))
+                                   self.taken | set(self.kept_names), self.fusable)
             outside = {id(n) for n in loaded_outside}
             body = self._loads([n for n in printer.order if id(n) not in outside]) + printer.lines()
             root = "const float value = "
@@ -345,7 +349,7 @@ class RowProgram:
             name = preferred if preferred and preferred not in self.taken else _fresh(self.taken, "r")
             self.taken.add(name)
             names[name] = node
-        lines = ScopePrinter(names, self.known, self.leaf_names, self.spec_names, self.taken).lines()
+        lines = ScopePrinter(names, self.known, self.leaf_names, self.spec_names, self.taken, self.fusable).lines()
         for name, node in names.items():
             self.known[id(node)] = name
         return lines
@@ -363,7 +367,7 @@ class RowProgram:
         full_order = topological_order(roots.values(), stop=self.known)
         known = dict(self.known)
         known.update({id(n): name for n, name in zip(self.kept, self.kept_names)})
-        printer = ScopePrinter(roots, known, self.leaf_names, self.spec_names, set(self.taken))
+        printer = ScopePrinter(roots, known, self.leaf_names, self.spec_names, set(self.taken), self.fusable)
         body = printer.lines()
         loads = self._loads(printer.order)
         kept = self._kept_lines(full_order, printer.order)
@@ -450,7 +454,8 @@ class RowProgram:
         return lines
 
     def _scalar(self, node: Node) -> str:
-        return ScopePrinter({"v": node}, self.known, self.leaf_names, self.spec_names, set(self.taken)).expr(node, top=True)
+        return ScopePrinter({"v": node}, self.known, self.leaf_names, self.spec_names, set(self.taken),
+                            self.fusable).expr(node, top=True)
 
     def _output_index(self, name: str) -> int:
         return [o.name for o in self.kernel.outputs].index(name)

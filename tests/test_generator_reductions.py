@@ -392,3 +392,44 @@ def test_reduction_passes_count_the_calls_that_reduce_the_row(path):
         assert declared, struct[:60]
         calls = re.findall(r"row\.(?:template )?(?:sum|max|min|sums)\(", struct)
         assert int(declared.group(1)) == len(calls), struct[:60]
+
+
+def _printed(results: dict, names: dict | None = None) -> list[str]:
+    from generator.emit_c import StatementPrinter
+    from generator.ir import Graph
+
+    graph = Graph(spec=None, specialization={}, results=results, names=names or {})
+    printer = StatementPrinter(graph, {n: n for n in ("a", "b", "c", "d")})
+    return printer.lines()
+
+
+def test_a_product_whose_only_use_is_a_sum_is_one_fused_multiply_add():
+    from generator.ir import make, tensor
+
+    a, b, c, d = (tensor(n) for n in "abcd")
+    assert _printed({"y": make("add", make("mul", a, b), c)}) == ["y = F::fma(a, b, c);"]
+    assert _printed({"y": make("add", c, make("mul", a, b))}) == ["y = F::fma(a, b, c);"]
+    assert _printed({"y": make("sub", make("mul", a, b), c)}) == ["y = F::fma(a, b, -c);"]
+    assert _printed({"y": make("sub", c, make("mul", a, b))}) == ["y = F::fma(-a, b, c);"]
+    # a fused sum inside a product needs no parentheses of its own
+    assert _printed({"y": make("mul", make("add", make("mul", a, b), c), d)}) == ["y = F::fma(a, b, c) * d;"]
+
+
+def test_a_product_with_another_use_is_rounded_on_its_own():
+    """x * sigmoid(x) summed over the row and then less the mean: fused in the
+    subtraction alone, a row of one element would not normalize to exactly zero."""
+    from generator.ir import make, tensor
+
+    a, b, c = (tensor(n) for n in "abc")
+    product = make("mul", a, b)
+    lines = _printed({"y": make("sub", product, c), "z": make("mul", product, c)})
+    assert not any("F::fma" in line for line in lines)
+    assert any(line.endswith("= a * b;") for line in lines)
+
+
+def test_generated_layernorm_fuses_its_output_and_not_its_centered_values():
+    forward = _struct("layernorm", "forward")
+    assert "const float y = F::fma(centered * rstd, weight, bias);" in forward
+    assert "const float centered = x - mu;" in forward
+    swish = _struct("swish_layernorm", "forward")
+    assert "F::fma" in swish and not re.search(r"F::fma\([^;]*sigmoid", swish)

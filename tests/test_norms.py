@@ -269,6 +269,17 @@ def test_weight_without_bias(name, device, dtype):
     check_values(op, make_inputs(op, (5, 33), dtype, device, bias=False), dtype)
 
 
+@pytest.mark.parametrize("name", ["layernorm", "swish_layernorm", "add_layernorm"])
+def test_rows_of_one_element_normalize_to_exactly_the_bias(name, device):
+    """A row of one element is its own mean. Every pass must compute the element the
+    same way (a product rounded in one pass and fused into a subtraction in another would
+    leave a rounding error), so the centered value is exactly zero and y is the bias."""
+    op = OPS[name]
+    tensors = make_inputs(op, (64, 1), torch.float32, device)
+    y = _tuple(op.op(*tensors))[-1]
+    assert torch.equal(y, tensors[-1].expand_as(y))
+
+
 @pytest.mark.parametrize("name", NORMS)
 def test_eps_is_used(name, device):
     # Rows of tiny variance: eps dominates, so a dropped or misplaced eps shows.

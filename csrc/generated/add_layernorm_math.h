@@ -66,7 +66,7 @@ struct ForwardMath {
       const float bias = at.load_col(3, 0.0f);
       const float hidden = x + residual;
       const float centered = hidden - mu;
-      const float y = centered * rstd * weight + bias;
+      const float y = F::fma(centered * rstd, weight, bias);
       at.store(0, hidden);
       at.store(1, y);
     });
@@ -130,7 +130,7 @@ struct BackwardMath {
       const float hidden = x + residual;
       const float centered = hidden - mu;
       const float t0 = r0 * centered;
-      const float grad_x = grad_hidden + (grad_y * weight * rstd + t0 + t0) + r1;
+      const float grad_x = grad_hidden + (F::fma(grad_y * weight, rstd, t0) + t0) + r1;
       const float term_0 = grad_y * (centered * rstd);
       const float term_1 = grad_y;
       at.store(0, grad_x);

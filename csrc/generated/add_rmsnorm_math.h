@@ -104,7 +104,7 @@ struct BackwardMath {
       const float residual = at.load(4);
       const float hidden = x + residual;
       const float t0 = r0 * hidden;
-      const float grad_x = grad_hidden + grad_y * weight * rrms + t0 + t0;
+      const float grad_x = F::fma(grad_y * weight, rrms, grad_hidden) + t0 + t0;
       const float term_0 = grad_y * (hidden * rrms);
       at.store(0, grad_x);
       terms[0] = term_0;

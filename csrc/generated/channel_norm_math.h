@@ -65,7 +65,7 @@ struct ForwardMath {
       const float x = at.load(0);
       const float s = swish ? x * F::sigmoid(x) : x;
       const float centered = s - mu;
-      const float y = centered * rstd * gamma + beta;
+      const float y = F::fma(centered * rstd, gamma, beta);
       at.store(0, y);
     });
   }
@@ -131,9 +131,9 @@ struct BackwardMath {
       const float s = swish ? x * t0 : x;
       const float centered = s - mu;
       const float t1 = r0 * centered;
-      const float t2 = grad_y * gamma * rstd + t1 + t1 + r1;
+      const float t2 = F::fma(grad_y * gamma, rstd, t1) + t1 + r1;
       const float t3 = swish ? t2 : 0.0f;
-      const float grad_x = (swish ? 0.0f : t2) + t3 * t0 + t3 * x * (t0 * (1.0f - t0));
+      const float grad_x = F::fma(t3 * x, t0 * (1.0f - t0), F::fma(t3, t0, swish ? 0.0f : t2));
       at.store(0, grad_x);
     });
   }

@@ -26,7 +26,7 @@ struct ForwardApproximateNoneMath {
     using F = avo::Functions<Precision>;
     [[maybe_unused]] const float x = in[0];
     float& y = out[0];
-    const float cdf_exact = 0.5f + 0.5f * F::erf(x * 0.7071067811865476f);
+    const float cdf_exact = F::fma(0.5f, F::erf(x * 0.7071067811865476f), 0.5f);
     y = x * cdf_exact;
   }
 };
@@ -44,7 +44,7 @@ struct ForwardApproximateTanhMath {
     using F = avo::Functions<Precision>;
     [[maybe_unused]] const float x = in[0];
     float& y = out[0];
-    const float cdf_tanh = 0.5f + 0.5f * F::tanh(0.7978845608028654f * (x + 0.044715f * (x * x * x)));
+    const float cdf_tanh = F::fma(0.5f, F::tanh(0.7978845608028654f * F::fma(0.044715f, x * x * x, x)), 0.5f);
     y = x * cdf_tanh;
   }
 };
@@ -64,8 +64,8 @@ struct BackwardApproximateNoneMath {
     [[maybe_unused]] const float x = in[1];
     float& grad_x = out[0];
     const float t0 = x * 0.7071067811865476f;
-    const float cdf_exact = 0.5f + 0.5f * F::erf(t0);
-    grad_x = grad_y * cdf_exact + grad_y * x * 0.5f * (1.1283791670955126f * F::exp(-(t0 * t0))) * 0.7071067811865476f;
+    const float cdf_exact = F::fma(0.5f, F::erf(t0), 0.5f);
+    grad_x = F::fma(grad_y, cdf_exact, grad_y * x * 0.5f * (1.1283791670955126f * F::exp(-(t0 * t0))) * 0.7071067811865476f);
   }
 };
 
@@ -83,10 +83,10 @@ struct BackwardApproximateTanhMath {
     [[maybe_unused]] const float grad_y = in[0];
     [[maybe_unused]] const float x = in[1];
     float& grad_x = out[0];
-    const float t0 = F::tanh(0.7978845608028654f * (x + 0.044715f * (x * x * x)));
-    const float cdf_tanh = 0.5f + 0.5f * t0;
-    const float t1 = grad_y * x * 0.5f * (1.0f - t0 * t0) * 0.7978845608028654f;
-    grad_x = grad_y * cdf_tanh + t1 + t1 * 0.044715f * (3.0f * (x * x));
+    const float t0 = F::tanh(0.7978845608028654f * F::fma(0.044715f, x * x * x, x));
+    const float cdf_tanh = F::fma(0.5f, t0, 0.5f);
+    const float t1 = grad_y * x * 0.5f * F::fma(-t0, t0, 1.0f) * 0.7978845608028654f;
+    grad_x = F::fma(t1 * 0.044715f, 3.0f * (x * x), F::fma(grad_y, cdf_tanh, t1));
   }
 };
 

@@ -60,7 +60,7 @@ struct ForwardMath {
       const float weight = at.load_col(1, 1.0f);
       const float bias = at.load_col(2, 0.0f);
       const float centered = x - mu;
-      const float y = centered * rstd * weight + bias;
+      const float y = F::fma(centered * rstd, weight, bias);
       at.store(0, y);
     });
   }
@@ -118,7 +118,7 @@ struct BackwardMath {
       const float x = at.load(3);
       const float centered = x - mu;
       const float t0 = r0 * centered;
-      const float grad_x = grad_y * weight * rstd + t0 + t0 + r1;
+      const float grad_x = F::fma(grad_y * weight, rstd, t0) + t0 + r1;
       const float term_0 = grad_y * (centered * rstd);
       const float term_1 = grad_y;
       at.store(0, grad_x);

@@ -97,7 +97,7 @@ struct BackwardMath {
       const float grad_y = at.load(0);
       const float x = at.load(3);
       const float shifted = x - saved_0;
-      const float grad_x = grad_y + r0 * F::exp(shifted);
+      const float grad_x = F::fma(r0, F::exp(shifted), grad_y);
       at.store(0, grad_x);
     });
   }

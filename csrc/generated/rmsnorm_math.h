@@ -94,7 +94,7 @@ struct BackwardMath {
       const float weight = at.load_col(3, 1.0f);
       const float x = at.load(2);
       const float t0 = r0 * x;
-      const float grad_x = grad_y * weight * rrms + t0 + t0;
+      const float grad_x = F::fma(grad_y * weight, rrms, t0) + t0;
       const float term_0 = grad_y * (x * rrms);
       at.store(0, grad_x);
       terms[0] = term_0;

@@ -44,7 +44,7 @@ struct BackwardMath {
     [[maybe_unused]] const float x = in[1];
     float& grad_x = out[0];
     const float t0 = F::sigmoid(x);
-    grad_x = grad_y * t0 + grad_y * x * (t0 * (1.0f - t0));
+    grad_x = F::fma(grad_y, t0, grad_y * x * (t0 * (1.0f - t0)));
   }
 };
 

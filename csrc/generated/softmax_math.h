@@ -99,7 +99,7 @@ struct BackwardMath {
       const float grad_y = at.load(0);
       const float x = at.load(3);
       const float e = F::exp(x - row_max);
-      const float grad_x = (grad_y * r0 + sum_0) * e;
+      const float grad_x = F::fma(grad_y, r0, sum_0) * e;
       at.store(0, grad_x);
     });
   }

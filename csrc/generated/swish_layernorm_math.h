@@ -68,7 +68,7 @@ struct ForwardMath {
         return x * F::sigmoid(x);
       });
       const float centered = swish - mu;
-      const float y = centered * rstd * weight + bias;
+      const float y = F::fma(centered * rstd, weight, bias);
       at.store(0, y);
     });
   }
@@ -129,8 +129,8 @@ struct BackwardMath {
       const float swish = x * t0;
       const float centered = swish - mu;
       const float t1 = r0 * centered;
-      const float t2 = grad_y * weight * rstd + t1 + t1 + r1;
-      const float grad_x = t2 * t0 + t2 * x * (t0 * (1.0f - t0));
+      const float t2 = F::fma(grad_y * weight, rstd, t1) + t1 + r1;
+      const float grad_x = F::fma(t2, t0, t2 * x * (t0 * (1.0f - t0)));
       const float term_0 = grad_y * (centered * rstd);
       const float term_1 = grad_y;
       at.store(0, grad_x);

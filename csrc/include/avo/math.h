@@ -73,6 +73,10 @@ struct Functions<Exact> {
   }
 
   AVO_HOST_DEVICE static float sign(float x) { return float((x > 0.0f) - (x < 0.0f)); }
+  // a * b + c rounded once. The generated math writes it for a product whose only use is
+  // one sum (generator/emit_c.py), the same in every pass and on every device; nothing
+  // else is contracted (the CUDA build passes -fmad=false).
+  AVO_HOST_DEVICE static float fma(float a, float b, float c) { return fmaf(a, b, c); }
   AVO_HOST_DEVICE static float minimum(float a, float b) { return (a != a || a < b) ? a : b; }
   AVO_HOST_DEVICE static float maximum(float a, float b) { return (a != a || a > b) ? a : b; }
 };
