@@ -78,8 +78,9 @@ class StatementPrinter:
     def uses_functions(self) -> bool:
         """True when the math calls any function (and so needs the alias `F`); asked
         after lines()."""
-        return self.printed_fma or any(n.op in FUNCTIONS and not (n.op == "pow" and n.args[1].is_const and n.args[1].value in SMALL_POWERS)
-                   for n in self.order)
+        calls = any(n.op in FUNCTIONS and not (n.op == "pow" and n.args[1].is_const and n.args[1].value in SMALL_POWERS)
+                    for n in self.order)
+        return calls or self.printed_fma
 
     def lines(self) -> list[str]:
         out: list[str] = []
