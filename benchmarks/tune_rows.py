@@ -20,9 +20,8 @@ which a version is faster by more than --margin at that length and no slower by 
 --tolerance at every longer one where another version was timed; null (never) when there
 is none. The tolerance is wider than the margin because two runs of one kernel differed by
 up to 1.7% on the H200. Each version is compared with the fastest of those the dispatch
-would otherwise take (pick_row_version
-in csrc/include/avo/row_cuda.cuh tries tiled, global, staged, then register or
-pipelined):
+would otherwise take (pick_row_version in csrc/include/avo/row_cuda.cuh tries tiled,
+global, staged, then register or pipelined):
   - staged_min_vectors: staged against register and pipelined, over N up to 32768
     (beyond, neither fits);
   - global_min_vectors: global against register, pipelined, staged and cluster;
@@ -30,10 +29,9 @@ pipelined):
   - tiled_min_vectors: tiled against register, staged, cluster and global.
 Forwards are not timed tiled and backwards not pipelined: the tiled version takes only
 backwards with per-column sums, and no backward pipelines (each reads two per-element
-inputs). Before runs were checked against the version they took, a forced run of a
-version that did not fit timed the table's choice: at the longest rows every version
-timed the same kernel, no version won by the margin there, and a run of every table found
-no tiled or global threshold where the tables of the runs before had them.
+inputs). A run that took another version is dropped because, kept, it would time the
+table's choice under every version's name at the longest rows, where then no threshold
+could be found.
 --tables computes some of them (and times only the versions they compare); --ops,
 --kernels and --dtypes limit what is measured. Whatever a run does not measure is kept
 from the file it writes over. The file also keeps every time measured, the GPU, the
