@@ -308,6 +308,32 @@ def test_very_long_row(name, dtype, device):
                  rtol=1e-4 if dtype == torch.float32 else None)
 
 
+@pytest.mark.parametrize("length", [8, 1024, 16384, 65536], ids=str)
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_rows_with_nan_or_infinity_match_torch(name, length, device, dtype):
+    """The row maximum propagates NaN and infinities as torch does: a row holding a NaN or
+    +inf, or only -inf, is NaN throughout; a -inf among finite values gives 0 (softmax)
+    or -inf (log_softmax). The lengths take the register, staged or cluster, and global
+    versions of the GPU kernels."""
+    x = randn((6, length), torch.float64, "cpu")
+    x[0, length // 3] = float("nan")
+    x[1, length // 2] = float("inf")
+    x[2] = -float("inf")
+    x[3, 0] = -float("inf")
+    x[4, length - 1] = float("nan")
+    x = x.to(dtype=dtype, device=device)
+    expected = getattr(torch, name)(x.double(), -1)
+    assert expected[:3].isnan().all() and expected[4].isnan().all() and not expected[5].isnan().any()
+    actual = getattr(torch.ops.avo, name)(x)
+    # As check_values: the smallest probabilities in 16 bits, the long rows' sums in fp32.
+    tol = dict(TOLERANCES[dtype])
+    if dtype != torch.float32:
+        tol["atol"] = 1e-3 * expected[5].abs().max().item()
+    elif length >= 16384:
+        tol["rtol"] = 1e-4
+    torch.testing.assert_close(actual.double(), expected, equal_nan=True, **tol)
+
+
 # ---------------------------------------------------------------------------------
 # Large offsets: the variance must come from centered values
 # ---------------------------------------------------------------------------------

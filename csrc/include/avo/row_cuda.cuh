@@ -205,11 +205,30 @@ __device__ __forceinline__ void cluster_combine(float (&values)[K], Combine comb
 struct Plus {
   __device__ float operator()(float a, float b) const { return a + b; }
 };
+// A row's maximum and minimum propagate NaN, as Functions::maximum and minimum do: from
+// sm_80 on in one instruction (max.NaN), where those take a compare, a NaN test and a
+// select per element. Which zero a tie of -0 and +0 gives is left open (torch's amax too).
 struct Max {
-  __device__ float operator()(float a, float b) const { return Functions<Exact>::maximum(a, b); }
+  __device__ float operator()(float a, float b) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    float m;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(m) : "f"(a), "f"(b));
+    return m;
+#else
+    return Functions<Exact>::maximum(a, b);
+#endif
+  }
 };
 struct Min {
-  __device__ float operator()(float a, float b) const { return Functions<Exact>::minimum(a, b); }
+  __device__ float operator()(float a, float b) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    float m;
+    asm("min.NaN.f32 %0, %1, %2;" : "=f"(m) : "f"(a), "f"(b));
+    return m;
+#else
+    return Functions<Exact>::minimum(a, b);
+#endif
+  }
 };
 
 // sum, max and min over a row, for a row type that provides reduce<M>(term, combine,
@@ -258,6 +277,10 @@ __device__ __forceinline__ void load_column_vectors(const Args& args, int64_t v,
   }
 }
 
+// Per-element inputs of Math: how many.
+template <typename Math>
+constexpr int kElementInputCount = __builtin_popcount(Math::kElementInputs);
+
 // Vectors per thread of a RegisterRow, and its largest group (its block): smaller when
 // the thread also keeps per-column sums or kept values (V floats a vector), or caches
 // several inputs, so nothing spills. A cluster row keeps no values (it computes them in
@@ -291,12 +314,40 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
   using Vector = Vec<T, V>;
   using Cached = Packed<T, V>;
   static constexpr int kSums = Math::kColumnSums > 0 ? Math::kColumnSums : 1;
-  // This thread's part of its chunk's per-column sums.
-  using ColumnSums = float[kSums][P][V];
+  // A thread holds the same columns in every row of its chunk, so where the call wants
+  // per-column outputs it can load its vectors of the per-column inputs once, not in
+  // every pass of every row. That takes 8 more registers: where the thread's sums and
+  // cached vectors take fewer than 48 words, the kernel fits 64 registers without them
+  // and four blocks of 256 threads on a multiprocessor, and with them three (on the
+  // H200 rmsnorm's 16-bit backward went from 64 to 77 registers and ran 20% slower at
+  // N = 1024 and 4096, layernorm's fp32 backward 12-26%). Past that it shares the
+  // multiprocessor with one other block either way, and gains: swish_layernorm's
+  // 16-bit backward by 9% at N = 256, add_layernorm's by 4% at 1024 and 4096. A cluster
+  // row keeps them always (add_rmsnorm's backward at N = 16384: 4-9% faster).
+  static constexpr int kStateWords = kSums * P * V + kElementInputCount<Math> * P * int(sizeof(Cached) / 4);
+  static constexpr bool kKeepsColumns = Math::kColumnSums > 0 && (kClustered || kStateWords >= 48);
 
   // This thread's vectors of every per-element input of a row (zero where it has none).
   struct Vectors {
     Cached v[Args::kInputs][P];
+  };
+  // What a group keeps for the chunk of rows it takes (calls with per-column outputs):
+  // this thread's part of the chunk's per-column sums and, where kKeepsColumns, its
+  // vectors of the per-column inputs.
+  struct Chunk {
+    float sums[kSums][P][V];
+    Cached columns[kKeepsColumns ? P : 1][Args::kInputs];
+
+    __device__ __forceinline__ void load_columns(const Args& args, int lane, int threads) {
+      if constexpr (kKeepsColumns) {
+        const int vectors = int(args.length / V);
+        AVO_UNROLL
+        for (int i = 0; i < P; ++i) {
+          const int v = i * threads + lane;
+          if (v < vectors) load_column_vectors<Math::kColumnInputs, Math>(args, v, columns[i]);
+        }
+      }
+    }
   };
 
   bool active;    // false for the idle groups of the last block: they only join reductions
@@ -308,7 +359,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
   // address takes one multiply-add instead of a 64-bit product per vector.
   int vectors;
   int64_t start;
-  ColumnSums* columns;  // nullptr when the call wants no per-column outputs
+  Chunk* chunk;         // nullptr when the call wants no per-column outputs
   unsigned* exchanges;  // kClustered: the cluster exchanges so far (cluster_combine)
   Vectors cache;
   // The kept values of this thread's elements (at.keep, in the row's first pass that
@@ -317,17 +368,17 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
 
   // Loads this thread's vectors of row `row`.
   __device__ __forceinline__ RegisterRow(const Args& a, int64_t row, bool is_active, int group_lane, int threads,
-                                         ColumnSums* column_sums, unsigned* exchange_count = nullptr)
+                                         Chunk* chunk_kept, unsigned* exchange_count = nullptr)
       : RowView<T, Args>(a, row), active(is_active), lane(group_lane), group_threads(threads),
-        vectors(int(a.length / V)), start(row * a.length), columns(column_sums), exchanges(exchange_count) {
+        vectors(int(a.length / V)), start(row * a.length), chunk(chunk_kept), exchanges(exchange_count) {
     load_vectors(args, r, active, lane, group_threads, cache);
   }
 
   // Takes this thread's vectors of row `row` loaded earlier (pipelined_rows).
   __device__ __forceinline__ RegisterRow(const Args& a, int64_t row, bool is_active, int group_lane, int threads,
-                                         ColumnSums* column_sums, const Vectors& loaded, unsigned* exchange_count = nullptr)
+                                         Chunk* chunk_kept, const Vectors& loaded, unsigned* exchange_count = nullptr)
       : RowView<T, Args>(a, row), active(is_active), lane(group_lane), group_threads(threads),
-        vectors(int(a.length / V)), start(row * a.length), columns(column_sums), exchanges(exchange_count),
+        vectors(int(a.length / V)), start(row * a.length), chunk(chunk_kept), exchanges(exchange_count),
         cache(loaded) {}
 
   // Loads this thread's vectors of row `row`: vector i is the row's vector i * threads + lane.
@@ -374,16 +425,20 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
   };
 
   // Calls visit(i, v, columns) for each of this thread's vectors, `columns` holding
-  // vector v of the per-column inputs in ColumnMask.
+  // vector v of the per-column inputs in ColumnMask (the chunk's, where it keeps them).
   template <unsigned ColumnMask, typename Visit>
   __device__ __forceinline__ void each_vector(Visit visit) const {
     AVO_UNROLL
     for (int i = 0; i < P; ++i) {
       const int v = vector_index(i);
       if (!active || v >= vectors) continue;
-      Cached columns[Args::kInputs];
-      load_column_vectors<ColumnMask, Math>(args, v, columns);
-      visit(i, v, columns);
+      if (kKeepsColumns && chunk != nullptr) {
+        visit(i, v, chunk->columns[kKeepsColumns ? i : 0]);
+      } else {
+        Cached columns[Args::kInputs];
+        load_column_vectors<ColumnMask, Math>(args, v, columns);
+        visit(i, v, columns);
+      }
     }
   }
 
@@ -444,9 +499,9 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
       for (int j = 0; j < V; ++j) {
         float terms[K];
         body(At{*this, i, j, cols, staged}, terms);
-        if (columns == nullptr) continue;
+        if (chunk == nullptr) continue;
         AVO_UNROLL
-        for (int k = 0; k < K; ++k) (*columns)[k][i][j] += terms[k];
+        for (int k = 0; k < K; ++k) chunk->sums[k][i][j] += terms[k];
       }
       store_output_vectors<Math>(args, start + v * V, staged);
     });
@@ -460,10 +515,6 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
     if (active && lane == 0 && args.outputs[k] != nullptr) static_cast<float*>(args.outputs[k])[r] = value;
   }
 };
-
-// Per-element inputs of Math: how many.
-template <typename Math>
-constexpr int kElementInputCount = __builtin_popcount(Math::kElementInputs);
 
 // Element j of one vector of a row, every input it reads loaded (the per-element ones and
 // the pass's per-column ones), for the generated lambdas of StagedRow and GlobalRow.
@@ -961,13 +1012,14 @@ __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math>)
     }
     return;
   }
-  typename Row::ColumnSums sums = {};
+  typename Row::Chunk kept = {};
+  kept.load_columns(args, lane, group_threads);
   const int64_t chunk = int64_t(blockIdx.x) * groups + group;
   for (int64_t i = 0; i < args.rows_per_chunk; ++i) {
     const int64_t r = chunk * args.rows_per_chunk + i;
-    math.template apply<PrecisionFor<T>>(Row(args, r, chunk < args.chunks && r < args.rows, lane, group_threads, &sums));
+    math.template apply<PrecisionFor<T>>(Row(args, r, chunk < args.chunks && r < args.rows, lane, group_threads, &kept));
   }
-  if (chunk < args.chunks) write_partials<Math, Args, Row::P, V>(args, sums, chunk, group_threads, lane);
+  if (chunk < args.chunks) write_partials<Math, Args, Row::P, V>(args, kept.sums, chunk, group_threads, lane);
 }
 
 // A row over the blocks of a thread-block cluster: block `rank` of the cluster holds the
@@ -998,13 +1050,14 @@ __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math>)
     for (int64_t r = cluster_index; r < args.rows; r += clusters)
       math.template apply<PrecisionFor<T>>(Row(args, r, true, lane, threads, nullptr, &exchanges));
   } else {
-    typename Row::ColumnSums sums = {};
+    typename Row::Chunk kept = {};
+    kept.load_columns(args, lane, threads);
     for (int64_t i = 0; i < args.rows_per_chunk; ++i) {
       const int64_t r = cluster_index * args.rows_per_chunk + i;
       if (r >= args.rows) break;  // the same for the whole cluster
-      math.template apply<PrecisionFor<T>>(Row(args, r, true, lane, threads, &sums, &exchanges));
+      math.template apply<PrecisionFor<T>>(Row(args, r, true, lane, threads, &kept, &exchanges));
     }
-    write_partials<Math, Args, Row::P, V>(args, sums, cluster_index, threads, lane);
+    write_partials<Math, Args, Row::P, V>(args, kept.sums, cluster_index, threads, lane);
   }
   cluster.sync();  // no block may leave while another still reads its shared memory
 #endif
