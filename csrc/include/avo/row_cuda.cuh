@@ -263,10 +263,10 @@ __device__ __forceinline__ void store_output_vectors(const Args& args, int64_t a
 // Vector v (of V elements) of the per-column inputs in ColumnMask, one 16-byte load
 // each, or Math's default for an input the call left out (so that reading an element
 // needs no test): the register and staged rows read weight and bias this way, in the
-// passes that use them only (the mask comes from the generated math). Read one element
-// at a time instead, a warp's load touches four cache lines for two bytes of each: the
-// H200 measured layernorm's bf16 forward at 65536x1024 with the L1 83% busy and DRAM at
-// 48%.
+// passes that use them only (the mask comes from the generated math), or once for a
+// chunk of rows (RegisterRow::kKeepsColumns). Read one element at a time instead, a
+// warp's load touches four cache lines for two bytes of each: the H200 measured
+// layernorm's bf16 forward at 65536x1024 with the L1 83% busy and DRAM at 48%.
 template <unsigned ColumnMask, typename Math, typename T, typename Args, int V>
 __device__ __forceinline__ void load_column_vectors(const Args& args, int64_t v, Packed<T, V> (&columns)[Args::kInputs]) {
   AVO_UNROLL
