@@ -37,7 +37,7 @@ could be found.
 from the file it writes over. The file also keeps every time measured, the GPU, the
 versions and the command. --recompute PATH times nothing: it computes --tables again
 from the measurements of the last run in PATH (after a change of the rule), no GPU
-needed.
+needed, and writes PATH again (or --out).
 
 Options: --ops, --kernels, --dtypes, --tables, --row-lengths, --elements (default 2^26),
 --reps (default 30), --margin (default 0.01), --tolerance (default 0.03), --out PATH
@@ -206,7 +206,7 @@ def main(argv=None) -> int:
     if set(table_names) - set(TABLE_VERSIONS):
         p.error(f"tables: {', '.join(t.removesuffix('_min_vectors') for t in TABLE_VERSIONS)}")
     if args.recompute:
-        return recompute(args.recompute, table_names, args.margin, args.tolerance)
+        return recompute(args.recompute, table_names, args.margin, args.tolerance, args.out)
     versions = [v for v in VERSIONS if any(v in TABLE_VERSIONS[t] for t in table_names)]
     lengths = sorted(int(n) for n in args.row_lengths.split(","))
     if not torch.cuda.is_available():
@@ -260,10 +260,11 @@ def rule_text(margin: float, tolerance: float) -> str:
             f"and slower by no more than {tolerance:.0%} at every longer row: " + "; ".join(parts) + "; null: never")
 
 
-def recompute(path: str, tables: list[str], margin: float, tolerance: float) -> int:
+def recompute(path: str, tables: list[str], margin: float, tolerance: float, out: str | None = None) -> int:
     """--recompute: `tables` of the file at `path` computed again from the measurements
-    of its last run, by the current rule; nothing timed. A table whose version that run
-    did not time keeps its values (say global after a run of --tables staged)."""
+    of its last run, by the current rule; nothing timed; written to `out`, else to `path`.
+    A table whose version that run did not time keeps its values (say global after a run
+    of --tables staged)."""
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
     last = len(data.get("runs", [])) - 1
@@ -273,7 +274,7 @@ def recompute(path: str, tables: list[str], margin: float, tolerance: float) -> 
         for name, value in thresholds(points, timed, margin, tolerance).items():
             data.setdefault(name, {}).setdefault(op, {}).setdefault(role, {})[dtype_name] = value
     data["rule"] = rule_text(margin, tolerance)
-    write_tuning(path, data)
+    write_tuning(out or path, data)
     return 0
 
 

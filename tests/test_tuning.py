@@ -196,6 +196,18 @@ def test_recompute_takes_the_last_runs_measurements(tmp_path):
     assert json.loads(path.read_text())["global_min_vectors"] == data["global_min_vectors"]
 
 
+def test_recompute_writes_out_where_given(tmp_path):
+    from tune_rows import main
+    data = {"arch": 90, "runs": [{"date": "d0"}], "staged_min_vectors": {"softmax": {"forward": {"float16": 512}}},
+            "measurements": [{"run": 0, "op": "softmax", "kernel": "forward", "dtype": "float16", "row_length": 4096,
+                              "vectors": 512, "register_us": 10, "pipelined_us": 10, "staged_us": 12}]}
+    path, out = tmp_path / "sm_90.json", tmp_path / "other.json"
+    path.write_text(json.dumps(data))
+    assert main(["--recompute", str(path), "--tables", "staged", "--out", str(out)]) == 0
+    assert json.loads(path.read_text()) == data  # the file read is left as it was
+    assert json.loads(out.read_text())["staged_min_vectors"] == {"softmax": {"forward": {"float16": None}}}
+
+
 def test_tiled_threshold_is_against_the_fastest_other_version():
     from tune_rows import thresholds
 
