@@ -313,8 +313,8 @@ def test_very_long_row(name, dtype, device):
 def test_rows_with_nan_or_infinity_match_torch(name, length, device, dtype):
     """The row maximum propagates NaN and infinities as torch does: a row holding a NaN or
     +inf, or only -inf, is NaN throughout; a -inf among finite values gives 0 (softmax)
-    or -inf (log_softmax). The lengths take the register, staged or cluster, and global
-    versions of the GPU kernels."""
+    or -inf (log_softmax). On the H200 the lengths take the register, pipelined, cluster
+    and global versions of the GPU kernels (tuning/sm_90.json)."""
     x = randn((6, length), torch.float64, "cpu")
     x[0, length // 3] = float("nan")
     x[1, length // 2] = float("inf")
