@@ -432,13 +432,15 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
     for (int i = 0; i < P; ++i) {
       const int v = vector_index(i);
       if (!active || v >= vectors) continue;
-      if (kKeepsColumns && chunk != nullptr) {
-        visit(i, v, chunk->columns[kKeepsColumns ? i : 0]);
-      } else {
-        Cached columns[Args::kInputs];
-        load_column_vectors<ColumnMask, Math>(args, v, columns);
-        visit(i, v, columns);
+      if constexpr (kKeepsColumns) {
+        if (chunk != nullptr) {
+          visit(i, v, chunk->columns[i]);
+          continue;
+        }
       }
+      Cached columns[Args::kInputs];
+      load_column_vectors<ColumnMask, Math>(args, v, columns);
+      visit(i, v, columns);
     }
   }
 
