@@ -283,8 +283,7 @@ def add_norm_cases() -> list[Case]:
     # Backward: grad_hidden, grad_y, x, residual read; grad_x, grad_residual written; w read,
     # dw (, db) written. torch's autograd saves hidden, reads it instead of x and residual,
     # and hands one tensor to both x and residual (returned twice here), so it moves two
-    # full tensors fewer than counted; avo's backward also writes one gradient for both
-    # (returned twice here), one tensor fewer than counted.
+    # full tensors fewer than counted; so does avo's backward, which reads hidden too.
     def add_rmsnorm_eager(x, r, w):
         h = x + r
         return h, F.rms_norm(h, (x.shape[-1],), w, RMS_EPS)
@@ -318,7 +317,7 @@ def add_norm_cases() -> list[Case]:
              traffic=Traffic(2, 2, param_read=1)),
         Case("add_rmsnorm", "bwd", randn_inputs(4, params=1, extra=add_rmsnorm_saved),
              avo=lambda gh, gy, x, r, w, h, rstd, rrms:
-                 twice_first(torch.ops.avo.add_rmsnorm_backward(gh, gy, rrms, x, r, w, RMS_EPS)),
+                 twice_first(torch.ops.avo.add_rmsnorm_backward(gh, gy, rrms, h, w, RMS_EPS)),
              eager=add_rmsnorm_backward_eager,
              traffic=Traffic(4, 2, param_read=1, param_written=1)),
         Case("add_layernorm", "fwd", randn_inputs(2, params=2),
@@ -327,7 +326,7 @@ def add_norm_cases() -> list[Case]:
              traffic=Traffic(2, 2, param_read=2)),
         Case("add_layernorm", "bwd", randn_inputs(4, params=2, extra=add_layernorm_saved),
              avo=lambda gh, gy, x, r, w, b, h, mean, rstd, mu, rs:
-                 twice_first(torch.ops.avo.add_layernorm_backward(gh, gy, mu, rs, x, r, w, b, LN_EPS)),
+                 twice_first(torch.ops.avo.add_layernorm_backward(gh, gy, mu, rs, h, w, b, LN_EPS)),
              eager=add_layernorm_backward_eager,
              traffic=Traffic(4, 2, param_read=1, param_written=2)),
     ]

@@ -75,6 +75,8 @@ def _local_gradients(node: Node, adjoint: Node) -> list[tuple[Node, Node]]:
     if op == "where":
         cond, a, b = args
         return [(a, make("where", cond, g, const(0.0))), (b, make("where", cond, const(0.0), g))]
+    if op == "stored":
+        return [(args[0], g)]  # rounding to the dtype passes the gradient through, as in torch
     if op in ("lt", "le", "gt", "ge", "eq", "ne", "no_grad"):
         return []  # conditions carry no gradient; no_grad(e) stops it on purpose
     if op in ("rsum", "colsum"):
@@ -168,7 +170,11 @@ def saved_row_values(forward: Graph, backward: Graph) -> tuple[Graph, dict[str, 
     for node in order:
         if id(node) in used:
             saved[forward.names.get(node) or f"saved_{len(saved)}"] = node
-    leaves = {id(node): tensor(name, "row") for name, node in saved.items()}
+    return _read_as_inputs(backward, {id(node): tensor(name, "row") for name, node in saved.items()}), saved
+
+
+def _read_as_inputs(backward: Graph, leaves: dict[int, Node]) -> Graph:
+    """`backward` with each node whose id is a key of `leaves` replaced by that input."""
     memo: dict[int, Node] = {}
 
     def substitute(node: Node) -> Node:
@@ -180,7 +186,32 @@ def saved_row_values(forward: Graph, backward: Graph) -> tuple[Graph, dict[str, 
 
     results = {name: substitute(node) for name, node in backward.results.items()}
     names = {substitute(node): name for node, name in backward.names.items()}  # x - mu is still `centered`
-    return Graph(backward.spec, backward.specialization, results, names, backward.bindings), saved
+    return Graph(backward.spec, backward.specialization, results, names, backward.bindings)
+
+
+def element_inputs_read(graph: Graph) -> set[str]:
+    """The per-element tensors `graph` reads (inputs, incoming gradients, saved outputs)."""
+    return {n.value for n in topological_order(graph.results.values()) if n.op == "input" and n.domain == "elem"}
+
+
+def saved_element_outputs(forward: Graph, backward: Graph) -> tuple[Graph, tuple[str, ...]]:
+    """The backward reading per-element outputs of the forward instead of computing them
+    again, where that reads fewer tensors: add_rmsnorm's backward reads `hidden` (which
+    the forward returns anyway) instead of x and residual, one full tensor fewer, as
+    torch's autograd does for `h = x + r`. Outputs are taken in the spec's order, each
+    only where it lowers the count of per-element tensors the backward reads; returns
+    the backward and the outputs it reads. The saved output holds the value rounded to
+    the dtype, as the caller has it."""
+    taken: list[str] = []
+    for o in forward.spec.outputs:
+        node = forward.results[o.name]
+        if node.domain != "elem":
+            continue
+        trial = _read_as_inputs(backward, {id(node): tensor(o.name, "elem")})
+        if len(element_inputs_read(trial)) < len(element_inputs_read(backward)):
+            backward = trial
+            taken.append(o.name)
+    return backward, tuple(taken)
 
 
 def check_differentiable(spec: OpSpec, graph: Graph) -> None:

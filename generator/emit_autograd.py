@@ -1,6 +1,7 @@
 """Emit `autograd.cpp`: the Autograd kernel of every op, a torch::autograd::Function
-that runs the op below autograd, saves its tensor inputs and attributes, and in
-backward calls `<op>_backward` and sums each gradient back to its input's shape.
+that runs the op below autograd, saves the tensors its backward reads (inputs; for a row
+op also per-row values and outputs of the forward) and the attributes, and in backward calls `<op>_backward` and sums each gradient back to its
+input's shape.
 
 The kernels are C++ rather than Python (torch.library.register_autograd) because every
 differentiable call passes through them: a Python autograd kernel costs about 8 µs of
@@ -35,11 +36,23 @@ def _function(s: OpSchedule) -> list[str]:
     arg_names = ", ".join([i.name for i in fwd.inputs] + [a.name for a in attrs])
     outputs = len(spec.outputs)
     saved_values = s.saved
-    saved = ", ".join([f"{i.name}.value_or(at::Tensor())" if i.optional else i.name for i in inputs]
-                      + [f"std::get<{outputs + k}>(results)" for k in range(len(saved_values))])
+    kept = s.kept_for_backward
+    keeps_outputs = any(kind == "output" for kind, _ in kept)
+
+    def kept_in_forward(kind: str, k: int) -> str:
+        if kind == "input":
+            return f"{inputs[k].name}.value_or(at::Tensor())" if inputs[k].optional else inputs[k].name
+        if kind == "saved":
+            return f"std::get<{outputs + k}>(results)"
+        return f"std::get<{k}>(results)" if saved_values or outputs > 1 else "results"
+
+    saved = ", ".join(kept_in_forward(kind, k) for kind, k in kept)
     if saved_values:  # run <op>_forward: the outputs, then the per-row values the backward reads
         run = [f"    const auto results = forward_saving_op().call({arg_names});"]
         returned = "{" + ", ".join(f"std::get<{k}>(results)" for k in range(outputs)) + "}"
+    elif keeps_outputs:  # the backward reads outputs: keep them by name
+        run = [f"    const auto results = forward_op().call({arg_names});"]
+        returned = "{results}" if outputs == 1 else "avo::autograd::as_list(results)"
     else:
         result = "forward_op().call(" + arg_names + ")"
         run = []
@@ -72,8 +85,8 @@ def _function(s: OpSchedule) -> list[str]:
               "                                                 torch::autograd::variable_list grads) {",
               "    const torch::autograd::variable_list saved = ctx->get_saved_variables();"]
     call = [f"grads[{k}]" for k in range(outputs)]
-    call += [f"saved[{len(inputs) + k}]" for k in range(len(saved_values))]
-    call += [f"avo::autograd::present(saved[{k}])" if i.optional else f"saved[{k}]" for k, i in enumerate(inputs)]
+    call += [f"avo::autograd::present(saved[{j}])" if kind == "input" and inputs[k].optional else f"saved[{j}]"
+             for j, (kind, k) in enumerate(kept)]
     call += [f'ctx->saved_data["{a.name}"].{_SAVED_READ[a.type]}' for a in attrs]
     gradients = f"backward_op().call({', '.join(call)})"
     if len(bwd.outputs) == 1:
@@ -81,7 +94,10 @@ def _function(s: OpSchedule) -> list[str]:
     else:
         lines.append(f"    const torch::autograd::variable_list gradients = avo::autograd::as_list({gradients});")
     # An input whose gradient another's equals gets that tensor (add_layernorm's residual, x's).
-    returned = [f"avo::autograd::sum_to_input(gradients[{o}], saved[{k}])" for k, o in enumerate(s.gradient_outputs)]
+    # An input the backward does not take (a row op's, which has its gradient's shape) gets
+    # it as it is.
+    returned = [f"avo::autograd::sum_to_input(gradients[{o}], saved[{kept.index(('input', k))}])"
+                if ("input", k) in kept else f"gradients[{o}]" for k, o in enumerate(s.gradient_outputs)]
     returned += ["at::Tensor()"] * len(attrs)  # attributes have no gradient
     lines += [f"    return {{{', '.join(returned)}}};", "  }", "};", ""]
     first = "Function::apply(" + arg_names + ")"
@@ -128,7 +144,7 @@ def emit_autograd(schedules: list[OpSchedule], namespace: str = "avo") -> str:
              "#include <torch/library.h>", "",
              "#include <optional>", "#include <string>", "#include <tuple>", "",
              "// The Autograd kernel of every op: a torch::autograd::Function per op that runs the op",
-             "// below autograd, saves its inputs, and whose backward calls <op>_backward.",
+             "// below autograd, saves what its backward reads, and whose backward calls <op>_backward.",
              "namespace avo::autograd {", "",
              "// A saved optional input: undefined when the call passed none.",
              "inline std::optional<at::Tensor> present(const at::Tensor& saved) {",

@@ -13,6 +13,7 @@ from .ir import Graph, Node, topological_order
 FUNCTIONS = {name: f"F::{name}" for name in
              ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "sign", "pow")}
 FUNCTIONS.update({"min": "F::minimum", "max": "F::maximum"})
+FUNCTIONS["stored"] = "row.as_stored"  # an output as rounded to the row's dtype (row ops only)
 INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 # Binding strength, for the fewest parentheses that keep the meaning.

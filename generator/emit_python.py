@@ -69,12 +69,17 @@ def emit_python(s: OpSchedule) -> str:
 
     all_inputs = ", ".join(tensor_names + attr_names)
     saved = list(s.saved)
+    outputs = [o.name for o in spec.outputs]
+    # What the backward takes after the gradients, by name, as the forward has it.
+    kept = [{"input": tensor_names, "output": outputs, "saved": saved}[kind][k] for kind, k in s.kept_for_backward]
     lines += [f"def _backward(ctx, {', '.join(grad_outputs)}):",
-              f"    {', '.join(tensor_names + saved)}{',' if len(tensor_names + saved) == 1 else ''} = ctx.saved_tensors"]
-    call_args = ", ".join(grad_outputs + saved + tensor_names + [f"ctx.{a}" for a in attr_names])
+              f"    {', '.join(kept)}{',' if len(kept) == 1 else ''} = ctx.saved_tensors"]
+    call_args = ", ".join(grad_outputs + kept + [f"ctx.{a}" for a in attr_names])
     grads = [f"grad_{i.name}" for i in owners]  # one per backward output
     lines.append(f"    {', '.join(grads)} = torch.ops.{ns}.{bwd.registered_name}({call_args})")
-    returned = [f"_runtime.reduce_grad({grads[o]}, {n})" for n, o in zip(tensor_names, s.gradient_outputs)]
+    # An input the backward does not take (a row op's) has its gradient's shape already.
+    returned = [f"_runtime.reduce_grad({grads[o]}, {n})" if n in kept else grads[o]
+                for n, o in zip(tensor_names, s.gradient_outputs)]
     returned += ["None"] * len(attr_names)
     lines += [f"    return {', '.join(returned)}", "", ""]
 
@@ -83,19 +88,21 @@ def emit_python(s: OpSchedule) -> str:
     lines += [f"class {cls}(torch.autograd.Function):",
               f'    """autograd.Function of {ns}::{name}, with the same forward and backward as the op\'s',
               f'    own autograd kernel (torch.ops.{ns}.{name} is differentiable without it)."""', ""]
-    outputs = [o.name for o in spec.outputs]
     if saved:  # the forward saves values that only <op>_forward returns: a forward with ctx
         lines += ["    @staticmethod", f"    def forward(ctx, {_params(fwd, False)}):",
                   f"        {', '.join(outputs + saved)} = torch.ops.{ns}.{fwd.op_name(saving=True)}({all_inputs})",
-                  f"        ctx.save_for_backward({', '.join(tensor_names + saved)})"]
+                  f"        ctx.save_for_backward({', '.join(kept)})"]
         lines += [f"        ctx.{a} = {a}" for a in attr_names]
         lines += [f"        return {', '.join(outputs)}", ""]
     else:
         lines += ["    @staticmethod", f"    def forward({_params(fwd, False)}):",
                   f"        return torch.ops.{ns}.{name}({all_inputs})", "",
                   "    @staticmethod", "    def setup_context(ctx, inputs, output):",
-                  f"        {all_inputs}{',' if len(tensor_names + attr_names) == 1 else ''} = inputs",
-                  f"        ctx.save_for_backward({', '.join(tensor_names)})"]
+                  f"        {all_inputs}{',' if len(tensor_names + attr_names) == 1 else ''} = inputs"]
+        if any(kind == "output" for kind, _ in s.kept_for_backward):
+            lines.append(f"        {', '.join(outputs)}{',' if len(outputs) == 1 else ''} = "
+                         f"{'(output,)' if len(outputs) == 1 else 'output'}")
+        lines += [f"        ctx.save_for_backward({', '.join(kept)})"]
         lines += [f"        ctx.{a} = {a}" for a in attr_names]
         lines.append("")
     lines += ["    backward = staticmethod(_backward)", "", ""]

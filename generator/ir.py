@@ -14,6 +14,7 @@ Domain:  where a value varies, for an op whose tensors are rows of a dimension N
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 from .errors import Location, SpecError
@@ -438,6 +439,12 @@ def lower_forward(spec: OpSpec, specialization: dict[str, str]) -> Graph:
     names: dict[Node, str] = {}
     string_attrs = {a.name for a in spec.attrs if a.type == "str"}
     bindings: dict[str, Node] = {}
+    outputs_read_back = set()  # outputs of a row op that later lines of math read
+    if reduced_dim(spec) is not None:
+        for k, line in enumerate(spec.math):
+            later = " ".join(m.source for m in spec.math[k + 1:])
+            if line.name in {o.name for o in spec.outputs} and re.search(rf"\b{line.name}\b", later):
+                outputs_read_back.add(line.name)
     for line in spec.math:
         if line.name in env or line.name in string_attrs:
             raise SpecError(line.where, f"'{line.name}' is already defined; each name is assigned once")
@@ -445,6 +452,12 @@ def lower_forward(spec: OpSpec, specialization: dict[str, str]) -> Graph:
         node = lowering.lower(tree, line.where, f"'{line.name}'")
         if node.type != "f":
             raise SpecError(line.where, f"'{line.name}' is a condition; only numbers can be assigned (use where())")
+        if line.name in outputs_read_back and node.domain != "scalar" and node.op != "input":
+            # An output of a row op is read by later math as the caller gets it, rounded to the
+            # dtype (add_layernorm normalizes the hidden it returns, as torch's own
+            # layer_norm(x + residual) does), so that a backward reading the output back
+            # (autodiff.saved_element_outputs) computes with the values the forward used.
+            node = make("stored", node)
         env[line.name] = node
         bindings[line.name] = node
         names.setdefault(node, line.name)

@@ -17,9 +17,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from .autodiff import grad_name, lower_backward, saved_row_values
+from .autodiff import grad_name, lower_backward, saved_element_outputs, saved_row_values
 from .errors import SpecError
-from .ir import Graph, is_channel_op, lower_forward, named_dims, shape_domain
+from .ir import Graph, is_channel_op, lower_forward, named_dims, shape_domain, topological_order
 from .model import ELLIPSIS, OpSpec
 
 CPP_SCALAR_TYPES = {"float": "float", "int": "int64_t", "bool": "bool"}
@@ -148,6 +148,26 @@ class OpSchedule:
         return self.forward.saved if isinstance(self.forward, RowKernel) else ()
 
     @property
+    def kept_for_backward(self) -> tuple[tuple[str, int], ...]:
+        """What autograd keeps from the forward for the backward: for each input of the
+        backward after the incoming gradients, where it comes from, as ("input", k), the
+        op's input k, ("output", k), the forward's output k, or ("saved", k), its saved
+        value k. A map's backward takes the op's inputs."""
+        if not isinstance(self.backward, RowKernel):
+            return tuple(("input", k) for k in range(len(self.spec.inputs)))
+        outputs = [o.name for o in self.spec.outputs]
+        inputs = [i.name for i in self.spec.inputs]
+        kept = []
+        for i in self.backward.inputs[len(outputs):]:
+            if i.domain == "saved":
+                kept.append(("saved", self.saved.index(i.name)))
+            elif i.name in outputs:
+                kept.append(("output", outputs.index(i.name)))
+            else:
+                kept.append(("input", inputs.index(i.name)))
+        return tuple(kept)
+
+    @property
     def gradient_outputs(self) -> tuple[int, ...]:
         """For each input of the op, the backward output that holds its gradient."""
         shared = getattr(self.backward, "gradient_outputs", ())
@@ -252,6 +272,7 @@ def _schedule_rows(spec: OpSpec, namespace: str, variants) -> OpSchedule:
                                          "varies along the reduced dimension; reduce it or give it that dimension")
     backward_graphs = tuple((s, lower_backward(spec, s.as_dict)) for s in variants)
     forward_graphs, backward_graphs, saved = _save_row_values(forward_graphs, backward_graphs)
+    backward_graphs, read_outputs = _read_saved_outputs(forward_graphs, backward_graphs)
     scalars = tuple((a.name, CPP_SCALAR_TYPES[a.type]) for a in spec.attrs if a.type != "str")
     inputs = tuple(KernelInput(i.name, i.optional, i.default, kernel_domain(spec, i.shape)) for i in spec.inputs)
     outputs = tuple(KernelOutput(o.name, kernel_domain(spec, o.shape)) for o in spec.outputs)
@@ -259,13 +280,33 @@ def _schedule_rows(spec: OpSpec, namespace: str, variants) -> OpSchedule:
     forward = RowKernel(spec, "forward", inputs, outputs + saved_outputs, scalars, forward_graphs, namespace)
     grad_inputs = tuple(KernelInput(grad_name(o.name), False, None, o.domain) for o in outputs)
     saved_inputs = tuple(KernelInput(name, False, None, "saved") for name in saved)
+    output_inputs = tuple(KernelInput(o.name, False, None, o.domain) for o in outputs if o.name in read_outputs)
     sources = _shared_gradients(inputs, backward_graphs)
     grad_outputs = tuple(KernelOutput(grad_name(i.name), i.domain) for k, i in enumerate(inputs) if sources[k] == k)
     gradient_outputs = tuple(sorted(set(sources)).index(source) for source in sources)
-    # The saved values come before the inputs, whose optional ones (with their defaults) end the list.
-    backward = RowKernel(spec, "backward", grad_inputs + saved_inputs + inputs, grad_outputs, scalars, backward_graphs,
-                         namespace, gradient_outputs)
+    # The saved values and outputs come before the inputs, whose optional ones (with their
+    # defaults) end the list. A required input that no backward reads is left out (x and
+    # residual of add_rmsnorm, whose backward reads hidden), so that autograd need not keep it.
+    read = set().union(*(_inputs_read(g) for _, g in backward_graphs))
+    backward_inputs = tuple(i for i in inputs if i.optional or i.name in read)
+    backward = RowKernel(spec, "backward", grad_inputs + saved_inputs + output_inputs + backward_inputs, grad_outputs,
+                         scalars, backward_graphs, namespace, gradient_outputs)
     return OpSchedule(spec, "row", variants, forward, backward)
+
+
+def _inputs_read(graph: Graph) -> set[str]:
+    """The names of every tensor `graph` reads."""
+    return {n.value for n in topological_order(graph.results.values()) if n.op == "input"}
+
+
+def _read_saved_outputs(forward_graphs, backward_graphs):
+    """The backward graphs after saved_element_outputs, and the forward outputs they read.
+    As for the saved values, every specialization must take the same outputs (else none)."""
+    pairs = [saved_element_outputs(f, b) for (_, f), (_, b) in zip(forward_graphs, backward_graphs)]
+    names = {taken for _, taken in pairs}
+    if len(names) != 1:
+        return backward_graphs, ()
+    return tuple((s, b) for (s, _), (b, _) in zip(backward_graphs, pairs)), names.pop()
 
 
 def _shared_gradients(inputs: tuple[KernelInput, ...], backward_graphs) -> list[int]:

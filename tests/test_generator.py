@@ -862,16 +862,18 @@ def test_cuda_sources_include_no_torch_headers(generated):
 
 def test_row_schedule_saves_the_statistics_and_shares_equal_gradients():
     """add_layernorm: the forward also returns mu and rstd (fp32, per row) through
-    add_layernorm_forward, the backward takes them after the gradients, and x and
-    residual (whose gradients are one expression) share one gradient output."""
+    add_layernorm_forward, the backward takes them after the gradients, then the output
+    hidden in place of x and residual (whose gradients are one expression and share one
+    gradient output)."""
     with open(REPO / "specs" / "add_layernorm.yaml", encoding="utf-8") as f:
         s = schedule(parse(f.read(), "specs/add_layernorm.yaml"))
     assert s.saved == ("mu", "rstd")
     assert [(o.name, o.domain) for o in s.forward.outputs] == [
         ("hidden", "elem"), ("y", "elem"), ("mu", "saved"), ("rstd", "saved")]
     assert [(i.name, i.domain) for i in s.backward.inputs] == [
-        ("grad_hidden", "elem"), ("grad_y", "elem"), ("mu", "saved"), ("rstd", "saved"), ("x", "elem"),
-        ("residual", "elem"), ("weight", "col"), ("bias", "col")]
+        ("grad_hidden", "elem"), ("grad_y", "elem"), ("mu", "saved"), ("rstd", "saved"), ("hidden", "elem"),
+        ("weight", "col"), ("bias", "col")]
+    assert s.kept_for_backward == (("saved", 0), ("saved", 1), ("output", 0), ("input", 2), ("input", 3))
     assert [o.name for o in s.backward.outputs] == ["grad_x", "grad_weight", "grad_bias"]
     assert s.gradient_outputs == (0, 0, 1, 2)
     assert [i.name for i in s.gradient_owners] == ["x", "weight", "bias"]

@@ -11,11 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from generator.autodiff import lower_backward, saved_row_values
+from generator.autodiff import element_inputs_read, lower_backward, saved_row_values
 from generator.errors import SpecError
 from generator.emit_row import earlier_sums, per_row_reciprocals, strip_no_grad
 from generator.ir import REDUCTION_OPS, lower_forward, topological_order
 from generator.model import parse_spec
+from generator.schedule import schedule
 from generator.yaml_source import parse_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +31,7 @@ OPS = {
     "rsum": lambda a: a.sum(-1, keepdim=True), "rmax": lambda a: a.amax(-1, keepdim=True),
     "rmin": lambda a: a.amin(-1, keepdim=True), "colsum": lambda a: a.sum(0, keepdim=True),
     "no_grad": lambda a: a.detach(),
+    "stored": lambda a: a,  # an output as its dtype holds it: here float64, which these tests compute in
 }
 
 
@@ -433,3 +435,18 @@ def test_generated_layernorm_fuses_its_output_and_not_its_centered_values():
     assert "const float centered = x - mu;" in forward
     swish = _struct("swish_layernorm", "forward")
     assert "F::fma" in swish and not re.search(r"F::fma\([^;]*sigmoid", swish)
+
+
+def test_output_read_by_later_math_is_read_as_stored_and_its_backward_reads_it_back():
+    """add_layernorm normalizes the hidden it returns (rounded to the dtype: `stored`), and
+    its backward reads that output instead of x and residual; an output no later line
+    reads (y, softmax's y) is not wrapped."""
+    spec = parse_spec(parse_yaml((ROOT / "specs" / "add_layernorm.yaml").read_text(), "specs/add_layernorm.yaml"),
+                      "specs/add_layernorm.yaml")
+    forward = lower_forward(spec, {})
+    assert forward.results["hidden"].op == "stored" and forward.results["y"].op != "stored"
+    softmax = parse_spec(parse_yaml((ROOT / "specs" / "softmax.yaml").read_text(), "specs/softmax.yaml"),
+                         "specs/softmax.yaml")
+    assert lower_forward(softmax, {}).results["y"].op != "stored"
+    (_, backward), = schedule(spec).backward.graphs
+    assert element_inputs_read(backward) == {"grad_hidden", "grad_y", "hidden"}

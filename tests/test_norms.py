@@ -4,7 +4,9 @@ add_rmsnorm -- values, large-offset inputs, gradients, layouts, opcheck, torch.c
 determinism of the parameter gradients and argument errors.
 
 Tolerances. Every reference is computed by torch in float64 on the upcast inputs (which
-are already rounded to the test dtype), so the only errors left are the kernels' own:
+are already rounded to the test dtype; the add ops' references round hidden = x + residual
+to it too before normalizing it, as the ops do, like torch's layer_norm(x + residual)), so
+the only errors left are the kernels' own:
   * The result is rounded to the output dtype: half an ulp, 2^-8 relative for bfloat16
     and 2^-11 for float16. conftest.TOLERANCES allows four times that (rtol 1.6e-2 /
     2e-3); fp32 gets rtol 2e-5, a few ulps.
@@ -60,7 +62,7 @@ class Op:
         self.name = name
         self.elems = elems  # ("x",) or ("x", "residual")
         self.params = params  # (), ("weight",) or ("weight", "bias")
-        self.reference = reference  # float64 reference: tensors in order -> tuple of outputs
+        self.reference = reference  # float64 reference: (dtype, tensors in order) -> tuple of outputs
         self.kind = kind  # "layernorm", "rmsnorm", "softmax" or "log_softmax"
 
     @property
@@ -80,25 +82,41 @@ class Op:
         """The per-row values <op>_forward returns after the outputs, for the backward."""
         return _tuple(getattr(torch.ops.avo, self.name + "_forward")(*tensors))[len(self.outputs):]
 
+    def backward_args(self, grads, tensors):
+        """The arguments of <op>_backward for these gradients, at these inputs: the
+        gradients, what the forward saved there, then the inputs (the add ops' backward
+        reads the output hidden in place of x and residual)."""
+        if len(self.elems) == 2:
+            return (*grads, *self.saved(*tensors), self.op(*tensors)[0], *tensors[2:])
+        return (*grads, *self.saved(*tensors), *tensors)
+
     def backward(self, grads, tensors):
-        """<op>_backward of these gradients, at these inputs and what the forward saved there."""
-        return _tuple(self.backward_op()(*grads, *self.saved(*tensors), *tensors))
+        """<op>_backward of these gradients, at these inputs."""
+        return _tuple(self.backward_op()(*self.backward_args(grads, tensors)))
 
     def __repr__(self):
         return self.name
 
 
+def stored(h, dtype):
+    """The float64 `h` as an output of `dtype` holds it (rounded), the gradient passing
+    through: the add ops normalize the hidden they return, as torch's
+    layer_norm(x + residual) normalizes the rounded sum."""
+    return h + (h.to(dtype).double() - h).detach()
+
+
+# reference(dtype, *tensors64): the float64 outputs; `dtype` is the test's.
 OPS = {
-    "layernorm": Op("layernorm", ("x",), ("weight", "bias"), lambda x, w, b: (_ln(x, w, b),), "layernorm"),
-    "rmsnorm": Op("rmsnorm", ("x",), ("weight",), lambda x, w: (_rms(x, w),), "rmsnorm"),
-    "softmax": Op("softmax", ("x",), (), lambda x: (torch.softmax(x, -1),), "softmax"),
-    "log_softmax": Op("log_softmax", ("x",), (), lambda x: (torch.log_softmax(x, -1),), "log_softmax"),
+    "layernorm": Op("layernorm", ("x",), ("weight", "bias"), lambda dt, x, w, b: (_ln(x, w, b),), "layernorm"),
+    "rmsnorm": Op("rmsnorm", ("x",), ("weight",), lambda dt, x, w: (_rms(x, w),), "rmsnorm"),
+    "softmax": Op("softmax", ("x",), (), lambda dt, x: (torch.softmax(x, -1),), "softmax"),
+    "log_softmax": Op("log_softmax", ("x",), (), lambda dt, x: (torch.log_softmax(x, -1),), "log_softmax"),
     "swish_layernorm": Op("swish_layernorm", ("x",), ("weight", "bias"),
-                          lambda x, w, b: (_ln(F.silu(x), w, b),), "layernorm"),
+                          lambda dt, x, w, b: (_ln(F.silu(x), w, b),), "layernorm"),
     "add_layernorm": Op("add_layernorm", ("x", "residual"), ("weight", "bias"),
-                        lambda x, r, w, b: (x + r, _ln(x + r, w, b)), "layernorm"),
+                        lambda dt, x, r, w, b: (x + r, _ln(stored(x + r, dt), w, b)), "layernorm"),
     "add_rmsnorm": Op("add_rmsnorm", ("x", "residual"), ("weight",),
-                      lambda x, r, w: (x + r, _rms(x + r, w)), "rmsnorm"),
+                      lambda dt, x, r, w: (x + r, _rms(stored(x + r, dt), w)), "rmsnorm"),
 }
 ALL = list(OPS)
 NORMS = [name for name in OPS if OPS[name].params]  # the ops with parameters
@@ -143,11 +161,11 @@ def assert_matches_reference(actual, expected64, dtype, scale=0.0, rtol=None, at
     torch.testing.assert_close(actual.double(), expected64.double(), **tol)
 
 
-def _normalized(op, tensors64):
+def _normalized(op, tensors64, dtype=torch.float64):
     """x_hat and rstd (per row, keepdim) of the float64 reference's normalized tensor."""
     h = tensors64[0]
     if len(op.elems) == 2:
-        h = h + tensors64[1]
+        h = stored(h + tensors64[1], dtype)
     if op.name == "swish_layernorm":
         h = F.silu(h)
     if op.kind == "layernorm":
@@ -199,7 +217,7 @@ def _tuple(out):
 def check_values(op, tensors, dtype, rtol=None, call=None):
     outputs = _tuple((call or op.op)(*tensors))
     tensors64 = upcast(tensors)
-    expected = op.reference(*tensors64)
+    expected = op.reference(dtype, *tensors64)
     assert len(outputs) == len(expected)
     x = tensors[0]
     for k, (out, exp) in enumerate(zip(outputs, expected)):
@@ -220,7 +238,7 @@ def check_gradients(op, tensors, dtype, call):
     actual = torch.autograd.grad(outputs, present, grads)
 
     leaves64 = upcast(tensors, requires_grad=True)
-    outputs64 = op.reference(*leaves64)
+    outputs64 = op.reference(dtype, *leaves64)
     grads64 = [g.double() for g in grads]
     present64 = [t for t in leaves64 if t is not None]
     expected = torch.autograd.grad(outputs64, present64, grads64, allow_unused=True)
@@ -349,8 +367,8 @@ def test_large_offset(name, shape, dtype, offset, device):
     tensors = make_inputs(op, shape, dtype, device, offset=offset)
     out = _tuple(op.op(*tensors))
     t64 = upcast(tensors)
-    expected = op.reference(*t64)
-    _, rstd = _normalized(op, t64)
+    expected = op.reference(dtype, *t64)
+    _, rstd = _normalized(op, t64, dtype)
     w, b = t64[-2], t64[-1]
     # hidden = x + residual is a plain rounded sum
     if len(op.elems) == 2:
@@ -369,7 +387,7 @@ def test_large_offset_gradients(name, device):
     grads = [randn((8, 256), torch.float32, device) for _ in op.outputs]
     actual = torch.autograd.grad(_tuple(op.op(*leaves)), leaves, grads)
     l64 = upcast(tensors, requires_grad=True)
-    expected = torch.autograd.grad(op.reference(*l64), l64, [g.double() for g in grads])
+    expected = torch.autograd.grad(op.reference(torch.float32, *l64), l64, [g.double() for g in grads])
     scales = grad_scales(op, upcast(tensors), [g.double() for g in grads])
     for a, e, s in zip(actual, expected, scales):
         assert_matches_reference(a, e, torch.float32, scale=s * 1e3)
@@ -402,7 +420,7 @@ def test_gradient_through_one_output(name, which, device, dtype):
     g = randn((6, 40), dtype, device)
     actual = torch.autograd.grad(op.op(*leaves)[k], leaves, g, allow_unused=True)
     l64 = upcast(tensors, requires_grad=True)
-    expected = torch.autograd.grad(op.reference(*l64)[k], l64, g.double(), allow_unused=True)
+    expected = torch.autograd.grad(op.reference(dtype, *l64)[k], l64, g.double(), allow_unused=True)
     grads64 = [torch.zeros_like(g, dtype=torch.float64), torch.zeros_like(g, dtype=torch.float64)]
     grads64[k] = g.double()
     scales = grad_scales(op, upcast(tensors), grads64)
@@ -410,6 +428,36 @@ def test_gradient_through_one_output(name, which, device, dtype):
         a = torch.zeros_like(leaf) if a is None else a
         e = torch.zeros_like(leaf, dtype=torch.float64) if e is None else e
         assert_matches_reference(a, e, dtype, scale=s)
+
+
+@pytest.mark.parametrize("api", ["op", "function_class"])
+@pytest.mark.parametrize("name", ["add_layernorm", "add_rmsnorm"])
+def test_add_ops_backward_reads_hidden_not_x_and_residual(name, api, device):
+    """Autograd keeps the output hidden for the backward, not x and residual: changing x
+    and residual in place after the forward leaves the gradients as they were (against
+    float64), while changing hidden in place is caught by autograd's version check."""
+    op = OPS[name]
+    function = getattr(avo_ops, "".join(part.title() for part in name.split("_")) + "Function").apply
+    call = op.op if api == "op" else function
+    tensors = make_inputs(op, (6, 40), torch.float32, device)
+    g = [randn((6, 40), torch.float32, device) for _ in op.outputs]
+    l64 = upcast(tensors, requires_grad=True)
+    expected = torch.autograd.grad(op.reference(torch.float32, *l64), l64, [t.double() for t in g])
+    scales = grad_scales(op, upcast(tensors), [t.double() for t in g])
+
+    leaves = [t.clone().requires_grad_(True) for t in tensors]
+    x, residual = leaves[0] * 1.0, leaves[1] * 1.0  # not leaves: they may change in place
+    outputs = call(x, residual, *leaves[2:])
+    x.add_(1.0)
+    residual.mul_(3.0)
+    actual = torch.autograd.grad(outputs, leaves, g)
+    for a, e, s in zip(actual, expected, scales):
+        assert_matches_reference(a, e, torch.float32, scale=s)
+
+    hidden, y = call(leaves[0] * 1.0, leaves[1] * 1.0, *leaves[2:])
+    hidden.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(y, leaves, g[1])
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -436,7 +484,7 @@ def test_backward_op_returns_one_gradient_per_input(name, device):
             assert r.shape == (0,)
 
 
-def _saved_reference(op, tensors64):
+def _saved_reference(op, tensors64, dtype):
     """The per-row values <op>_forward saves, in float64: the mean and rstd (layernorm
     family) or the rstd (rmsnorm family) of the normalized tensor; softmax's row maximum
     and sum of exp(x - max)."""
@@ -444,9 +492,9 @@ def _saved_reference(op, tensors64):
     if op.kind in ("softmax", "log_softmax"):
         row_max = x.amax(-1)
         return [row_max, torch.exp(x - row_max.unsqueeze(-1)).sum(-1)]
-    h = x + tensors64[1] if len(op.elems) == 2 else x
+    h = stored(x + tensors64[1], dtype) if len(op.elems) == 2 else x
     h = F.silu(h) if op.name == "swish_layernorm" else h
-    _, rstd = _normalized(op, tensors64)
+    _, rstd = _normalized(op, tensors64, dtype)
     return [h.mean(-1), rstd.squeeze(-1)] if op.kind == "layernorm" else [rstd.squeeze(-1)]
 
 
@@ -462,7 +510,7 @@ def test_forward_saves_per_row_values_matching_float64(name, shape, device, dtyp
     for a, b in zip(outputs, _tuple(op.op(*tensors))):
         assert torch.equal(a, b)
     tensors64 = upcast(tensors)
-    expected = _saved_reference(op, tensors64)
+    expected = _saved_reference(op, tensors64, dtype)
     assert len(saved) == len(expected)
     for value, reference in zip(saved, expected):
         assert value.device == tensors[0].device and value.is_contiguous()
@@ -562,7 +610,7 @@ def test_non_contiguous_gradient_argument(device):
     _, mu, rstd = torch.ops.avo.layernorm_forward(x, w, b)
     result = torch.ops.avo.layernorm_backward(g, mu, rstd, x, w, b)
     l64 = upcast([x, w, b], requires_grad=True)
-    expected = torch.autograd.grad(op.reference(*l64), l64, g.double())
+    expected = torch.autograd.grad(op.reference(torch.float32, *l64), l64, g.double())
     scales = grad_scales(op, upcast([x, w, b]), [g.double()])
     for a, e, s in zip(result, expected, scales):
         assert_matches_reference(a, e, torch.float32, scale=s)
@@ -670,7 +718,7 @@ def test_parameter_gradients_are_deterministic(name, device, dtype):
         assert torch.equal(a, b)
     # ... and correct.
     l64 = upcast(tensors, requires_grad=True)
-    expected = torch.autograd.grad(op.reference(*l64), l64, [g.double() for g in grads])
+    expected = torch.autograd.grad(op.reference(dtype, *l64), l64, [g.double() for g in grads])
     scales = grad_scales(op, upcast(tensors), [g.double() for g in grads])
     for a, e, s in zip(first[1:], expected[len(op.elems):], scales[len(op.elems):]):
         assert_matches_reference(a, e, dtype, scale=s)
@@ -688,7 +736,7 @@ def test_opcheck(name, params, device):
     torch.library.opcheck(getattr(torch.ops.avo, name).default, tuple(forward_args))
     grads = [randn((6, 33), torch.float32, device) for _ in op.outputs]
     torch.library.opcheck(getattr(torch.ops.avo, name + "_forward").default, tuple(tensors))
-    torch.library.opcheck(op.backward_op().default, (*grads, *op.saved(*tensors), *tensors))
+    torch.library.opcheck(op.backward_op().default, op.backward_args(grads, tensors))
 
 
 def _block(x, residual, w, b, w_rms):

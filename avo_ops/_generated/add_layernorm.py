@@ -21,14 +21,14 @@ def _add_layernorm_forward_fake(x, residual, weight=None, bias=None, eps=1e-05):
 
 
 @torch.library.register_fake("avo::add_layernorm_backward")
-def _add_layernorm_backward_fake(grad_hidden, grad_y, mu, rstd, x, residual, weight=None, bias=None, eps=1e-05):
-    return _runtime.row_fake("avo::add_layernorm_backward", {"grad_hidden": (grad_hidden, "elem"), "grad_y": (grad_y, "elem"), "mu": (mu, "saved"), "rstd": (rstd, "saved"), "x": (x, "elem"), "residual": (residual, "elem"), "weight": (weight, "col"), "bias": (bias, "col")}, [("elem", True), ("col", weight is not None), ("col", bias is not None)])
+def _add_layernorm_backward_fake(grad_hidden, grad_y, mu, rstd, hidden, weight=None, bias=None, eps=1e-05):
+    return _runtime.row_fake("avo::add_layernorm_backward", {"grad_hidden": (grad_hidden, "elem"), "grad_y": (grad_y, "elem"), "mu": (mu, "saved"), "rstd": (rstd, "saved"), "hidden": (hidden, "elem"), "weight": (weight, "col"), "bias": (bias, "col")}, [("elem", True), ("col", weight is not None), ("col", bias is not None)])
 
 
 def _backward(ctx, grad_hidden, grad_y):
-    x, residual, weight, bias, mu, rstd = ctx.saved_tensors
-    grad_x, grad_weight, grad_bias = torch.ops.avo.add_layernorm_backward(grad_hidden, grad_y, mu, rstd, x, residual, weight, bias, ctx.eps)
-    return _runtime.reduce_grad(grad_x, x), _runtime.reduce_grad(grad_x, residual), _runtime.reduce_grad(grad_weight, weight), _runtime.reduce_grad(grad_bias, bias), None
+    mu, rstd, hidden, weight, bias = ctx.saved_tensors
+    grad_x, grad_weight, grad_bias = torch.ops.avo.add_layernorm_backward(grad_hidden, grad_y, mu, rstd, hidden, weight, bias, ctx.eps)
+    return grad_x, grad_x, _runtime.reduce_grad(grad_weight, weight), _runtime.reduce_grad(grad_bias, bias), None
 
 
 class AddLayernormFunction(torch.autograd.Function):
@@ -38,7 +38,7 @@ class AddLayernormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, residual, weight=None, bias=None, eps=1e-05):
         hidden, y, mu, rstd = torch.ops.avo.add_layernorm_forward(x, residual, weight, bias, eps)
-        ctx.save_for_backward(x, residual, weight, bias, mu, rstd)
+        ctx.save_for_backward(mu, rstd, hidden, weight, bias)
         ctx.eps = eps
         return hidden, y
 

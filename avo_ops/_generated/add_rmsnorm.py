@@ -21,14 +21,14 @@ def _add_rmsnorm_forward_fake(x, residual, weight=None, eps=1e-06):
 
 
 @torch.library.register_fake("avo::add_rmsnorm_backward")
-def _add_rmsnorm_backward_fake(grad_hidden, grad_y, rrms, x, residual, weight=None, eps=1e-06):
-    return _runtime.row_fake("avo::add_rmsnorm_backward", {"grad_hidden": (grad_hidden, "elem"), "grad_y": (grad_y, "elem"), "rrms": (rrms, "saved"), "x": (x, "elem"), "residual": (residual, "elem"), "weight": (weight, "col")}, [("elem", True), ("col", weight is not None)])
+def _add_rmsnorm_backward_fake(grad_hidden, grad_y, rrms, hidden, weight=None, eps=1e-06):
+    return _runtime.row_fake("avo::add_rmsnorm_backward", {"grad_hidden": (grad_hidden, "elem"), "grad_y": (grad_y, "elem"), "rrms": (rrms, "saved"), "hidden": (hidden, "elem"), "weight": (weight, "col")}, [("elem", True), ("col", weight is not None)])
 
 
 def _backward(ctx, grad_hidden, grad_y):
-    x, residual, weight, rrms = ctx.saved_tensors
-    grad_x, grad_weight = torch.ops.avo.add_rmsnorm_backward(grad_hidden, grad_y, rrms, x, residual, weight, ctx.eps)
-    return _runtime.reduce_grad(grad_x, x), _runtime.reduce_grad(grad_x, residual), _runtime.reduce_grad(grad_weight, weight), None
+    rrms, hidden, weight = ctx.saved_tensors
+    grad_x, grad_weight = torch.ops.avo.add_rmsnorm_backward(grad_hidden, grad_y, rrms, hidden, weight, ctx.eps)
+    return grad_x, grad_x, _runtime.reduce_grad(grad_weight, weight), None
 
 
 class AddRmsnormFunction(torch.autograd.Function):
@@ -38,7 +38,7 @@ class AddRmsnormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, residual, weight=None, eps=1e-06):
         hidden, y, rrms = torch.ops.avo.add_rmsnorm_forward(x, residual, weight, eps)
-        ctx.save_for_backward(x, residual, weight, rrms)
+        ctx.save_for_backward(rrms, hidden, weight)
         ctx.eps = eps
         return hidden, y
 

@@ -26,7 +26,7 @@ def _channel_norm_backward_fake(grad_y, mu, rstd, x, gamma=None, beta=None, eps=
 
 
 def _backward(ctx, grad_y):
-    x, gamma, beta, mu, rstd = ctx.saved_tensors
+    mu, rstd, x, gamma, beta = ctx.saved_tensors
     grad_x, grad_gamma, grad_beta = torch.ops.avo.channel_norm_backward(grad_y, mu, rstd, x, gamma, beta, ctx.eps, ctx.swish)
     return _runtime.reduce_grad(grad_x, x), _runtime.reduce_grad(grad_gamma, gamma), _runtime.reduce_grad(grad_beta, beta), None, None
 
@@ -38,7 +38,7 @@ class ChannelNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, gamma=None, beta=None, eps=1e-05, swish=False):
         y, mu, rstd = torch.ops.avo.channel_norm_forward(x, gamma, beta, eps, swish)
-        ctx.save_for_backward(x, gamma, beta, mu, rstd)
+        ctx.save_for_backward(mu, rstd, x, gamma, beta)
         ctx.eps = eps
         ctx.swish = swish
         return y

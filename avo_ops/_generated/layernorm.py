@@ -26,7 +26,7 @@ def _layernorm_backward_fake(grad_y, mu, rstd, x, weight=None, bias=None, eps=1e
 
 
 def _backward(ctx, grad_y):
-    x, weight, bias, mu, rstd = ctx.saved_tensors
+    mu, rstd, x, weight, bias = ctx.saved_tensors
     grad_x, grad_weight, grad_bias = torch.ops.avo.layernorm_backward(grad_y, mu, rstd, x, weight, bias, ctx.eps)
     return _runtime.reduce_grad(grad_x, x), _runtime.reduce_grad(grad_weight, weight), _runtime.reduce_grad(grad_bias, bias), None
 
@@ -38,7 +38,7 @@ class LayernormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight=None, bias=None, eps=1e-05):
         y, mu, rstd = torch.ops.avo.layernorm_forward(x, weight, bias, eps)
-        ctx.save_for_backward(x, weight, bias, mu, rstd)
+        ctx.save_for_backward(mu, rstd, x, weight, bias)
         ctx.eps = eps
         return y
 

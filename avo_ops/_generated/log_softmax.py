@@ -26,7 +26,7 @@ def _log_softmax_backward_fake(grad_y, saved_0, total, x):
 
 
 def _backward(ctx, grad_y):
-    x, saved_0, total = ctx.saved_tensors
+    saved_0, total, x = ctx.saved_tensors
     grad_x = torch.ops.avo.log_softmax_backward(grad_y, saved_0, total, x)
     return _runtime.reduce_grad(grad_x, x)
 
@@ -38,7 +38,7 @@ class LogSoftmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
         y, saved_0, total = torch.ops.avo.log_softmax_forward(x)
-        ctx.save_for_backward(x, saved_0, total)
+        ctx.save_for_backward(saved_0, total, x)
         return y
 
     backward = staticmethod(_backward)

@@ -26,7 +26,7 @@ def _rmsnorm_backward_fake(grad_y, rrms, x, weight=None, eps=1e-06):
 
 
 def _backward(ctx, grad_y):
-    x, weight, rrms = ctx.saved_tensors
+    rrms, x, weight = ctx.saved_tensors
     grad_x, grad_weight = torch.ops.avo.rmsnorm_backward(grad_y, rrms, x, weight, ctx.eps)
     return _runtime.reduce_grad(grad_x, x), _runtime.reduce_grad(grad_weight, weight), None
 
@@ -38,7 +38,7 @@ class RmsnormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight=None, eps=1e-06):
         y, rrms = torch.ops.avo.rmsnorm_forward(x, weight, eps)
-        ctx.save_for_backward(x, weight, rrms)
+        ctx.save_for_backward(rrms, x, weight)
         ctx.eps = eps
         return y
 

@@ -26,7 +26,7 @@ def _softmax_backward_fake(grad_y, row_max, total, x):
 
 
 def _backward(ctx, grad_y):
-    x, row_max, total = ctx.saved_tensors
+    row_max, total, x = ctx.saved_tensors
     grad_x = torch.ops.avo.softmax_backward(grad_y, row_max, total, x)
     return _runtime.reduce_grad(grad_x, x)
 
@@ -38,7 +38,7 @@ class SoftmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
         y, row_max, total = torch.ops.avo.softmax_forward(x)
-        ctx.save_for_backward(x, row_max, total)
+        ctx.save_for_backward(row_max, total, x)
         return y
 
     backward = staticmethod(_backward)

@@ -22,11 +22,10 @@ using ForwardArgs = avo::RowArgs<4, 4>;
 
 // Backward (add_layernorm_backward): inputs[0] = grad_hidden (per element), inputs[1] = grad_y (per element), inputs[2] =
 // mu (per row, fp32, saved by the forward), inputs[3] = rstd (per row, fp32, saved by
-// the forward), inputs[4] = x (per element), inputs[5] = residual (per element),
-// inputs[6] = weight (per column, optional), inputs[7] = bias (per column, optional);
-// outputs[0] = grad_x (per element), outputs[1] = grad_weight (per column), outputs[2]
-// = grad_bias (per column)
-using BackwardArgs = avo::RowArgs<8, 3>;
+// the forward), inputs[4] = hidden (per element), inputs[5] = weight (per column,
+// optional), inputs[6] = bias (per column, optional); outputs[0] = grad_x (per
+// element), outputs[1] = grad_weight (per column), outputs[2] = grad_bias (per column)
+using BackwardArgs = avo::RowArgs<7, 3>;
 
 // Per-column outputs of the backward: fp32 partial sums per chunk of rows, then the
 // partials summed in chunk order (deterministic, no atomics).

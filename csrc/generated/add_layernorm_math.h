@@ -43,7 +43,7 @@ struct ForwardMath {
     const float sum_0 = row.sum(avo::columns<>, [&](const auto& at) {
       const float x = at.load(0);
       const float residual = at.load(1);
-      const float hidden = x + residual;
+      const float hidden = row.as_stored(x + residual);
       const float term = hidden;
       return term;
     });
@@ -51,7 +51,7 @@ struct ForwardMath {
     const float sum_1 = row.sum(avo::columns<>, [&](const auto& at) {
       const float x = at.load(0);
       const float residual = at.load(1);
-      const float hidden = x + residual;
+      const float hidden = row.as_stored(x + residual);
       const float centered = hidden - mu;
       const float term = centered * centered;
       return term;
@@ -64,7 +64,7 @@ struct ForwardMath {
       const float residual = at.load(1);
       const float weight = at.load_col(2, 1.0f);
       const float bias = at.load_col(3, 0.0f);
-      const float hidden = x + residual;
+      const float hidden = row.as_stored(x + residual);
       const float centered = hidden - mu;
       const float y = F::fma(centered * rstd, weight, bias);
       at.store(0, hidden);
@@ -78,14 +78,14 @@ struct BackwardMath {
   float eps;
   // Which inputs and outputs are per element, and which inputs per column (bit k:
   // input or output k).
-  static constexpr unsigned kElementInputs = 0x33u;
+  static constexpr unsigned kElementInputs = 0x13u;
   static constexpr unsigned kElementOutputs = 0x1u;
-  static constexpr unsigned kColumnInputs = 0xc0u;
+  static constexpr unsigned kColumnInputs = 0x60u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 2;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return k == 0 ? 1 : k == 1 ? 2 : -1; }
   // The value of per-column input k where the call leaves it out (as in at.load_col).
-  AVO_HOST_DEVICE static constexpr float column_default(int k) { return k == 6 ? 1.0f : k == 7 ? 0.0f : 0.0f; }
+  AVO_HOST_DEVICE static constexpr float column_default(int k) { return k == 5 ? 1.0f : k == 6 ? 0.0f : 0.0f; }
   // Per-element values computed once and kept by rows that hold the row in registers
   // (at.keep / at.kept).
   static constexpr int kKeptValues = 0;
@@ -101,13 +101,11 @@ struct BackwardMath {
     const float mu = row.load_saved(2);
     const float rstd = row.load_saved(3);
     float sums_0[3];
-    row.sums(avo::columns<6>, sums_0, [&](const auto& at, float* terms) {
+    row.sums(avo::columns<5>, sums_0, [&](const auto& at, float* terms) {
       const float grad_y = at.load(1);
-      const float weight = at.load_col(6, 1.0f);
-      const float x = at.load(4);
-      const float residual = at.load(5);
+      const float weight = at.load_col(5, 1.0f);
+      const float hidden = at.load(4);
       const float term_1 = grad_y * weight;
-      const float hidden = x + residual;
       const float centered = hidden - mu;
       const float term_0 = term_1 * centered;
       const float term_2 = centered;
@@ -121,13 +119,11 @@ struct BackwardMath {
     const float r0 = sum_0 * (-0.5f) * (rstd * rstd * rstd) / length;
     const float t0 = r0 * sum_2;
     const float r1 = (-(rstd * sum_1) - t0 - t0) / length;
-    row.template for_each_with_column_sums<kColumnSums>(avo::columns<6>, [&](const auto& at, float* terms) {
+    row.template for_each_with_column_sums<kColumnSums>(avo::columns<5>, [&](const auto& at, float* terms) {
       const float grad_hidden = at.load(0);
       const float grad_y = at.load(1);
-      const float weight = at.load_col(6, 1.0f);
-      const float x = at.load(4);
-      const float residual = at.load(5);
-      const float hidden = x + residual;
+      const float weight = at.load_col(5, 1.0f);
+      const float hidden = at.load(4);
       const float centered = hidden - mu;
       const float t0 = r0 * centered;
       const float grad_x = grad_hidden + (F::fma(grad_y * weight, rstd, t0) + t0) + r1;

@@ -20,10 +20,10 @@ namespace avo::ops::add_rmsnorm {
 using ForwardArgs = avo::RowArgs<3, 3>;
 
 // Backward (add_rmsnorm_backward): inputs[0] = grad_hidden (per element), inputs[1] = grad_y (per element), inputs[2] =
-// rrms (per row, fp32, saved by the forward), inputs[3] = x (per element), inputs[4] =
-// residual (per element), inputs[5] = weight (per column, optional); outputs[0] =
-// grad_x (per element), outputs[1] = grad_weight (per column)
-using BackwardArgs = avo::RowArgs<6, 2>;
+// rrms (per row, fp32, saved by the forward), inputs[3] = hidden (per element),
+// inputs[4] = weight (per column, optional); outputs[0] = grad_x (per element),
+// outputs[1] = grad_weight (per column)
+using BackwardArgs = avo::RowArgs<5, 2>;
 
 // Per-column outputs of the backward: fp32 partial sums per chunk of rows, then the
 // partials summed in chunk order (deterministic, no atomics).

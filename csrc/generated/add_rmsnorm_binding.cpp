@@ -40,8 +40,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_saving_cpu_impl(const at:
   return avo::binding::returned(outputs);
 }
 
-std::tuple<at::Tensor, at::Tensor> backward_cpu_impl(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& rrms, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
-  auto call = avo::binding::prepare_rows<6, 2>("avo::add_rmsnorm_backward", {{{"grad_hidden", &grad_hidden, avo::binding::Domain::Elem}, {"grad_y", &grad_y, avo::binding::Domain::Elem}, {"rrms", &rrms, avo::binding::Domain::Saved}, {"x", &x, avo::binding::Domain::Elem}, {"residual", &residual, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Col}}, {{true, weight.has_value()}}, kColumnSums);
+std::tuple<at::Tensor, at::Tensor> backward_cpu_impl(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& rrms, const at::Tensor& hidden, const std::optional<at::Tensor>& weight, double eps) {
+  auto call = avo::binding::prepare_rows<5, 2>("avo::add_rmsnorm_backward", {{{"grad_hidden", &grad_hidden, avo::binding::Domain::Elem}, {"grad_y", &grad_y, avo::binding::Domain::Elem}, {"rrms", &rrms, avo::binding::Domain::Saved}, {"hidden", &hidden, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Col}}, {{true, weight.has_value()}}, kColumnSums);
   const auto& args = call.args;
   if (args.rows > 0) {
     avo::binding::parallel_rows(args, [&](int64_t begin, int64_t end) {
@@ -77,8 +77,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_saving_cuda_impl(const at
   return avo::binding::returned(outputs);
 }
 
-std::tuple<at::Tensor, at::Tensor> backward_cuda_impl(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& rrms, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
-  auto call = avo::binding::prepare_rows<6, 2>("avo::add_rmsnorm_backward", {{{"grad_hidden", &grad_hidden, avo::binding::Domain::Elem}, {"grad_y", &grad_y, avo::binding::Domain::Elem}, {"rrms", &rrms, avo::binding::Domain::Saved}, {"x", &x, avo::binding::Domain::Elem}, {"residual", &residual, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Col}}, {{true, weight.has_value()}}, kColumnSums);
+std::tuple<at::Tensor, at::Tensor> backward_cuda_impl(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& rrms, const at::Tensor& hidden, const std::optional<at::Tensor>& weight, double eps) {
+  auto call = avo::binding::prepare_rows<5, 2>("avo::add_rmsnorm_backward", {{{"grad_hidden", &grad_hidden, avo::binding::Domain::Elem}, {"grad_y", &grad_y, avo::binding::Domain::Elem}, {"rrms", &rrms, avo::binding::Domain::Saved}, {"hidden", &hidden, avo::binding::Domain::Elem}, {"weight", weight.has_value() ? &*weight : nullptr, avo::binding::Domain::Col}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Col}}, {{true, weight.has_value()}}, kColumnSums);
   const auto& args = call.args;
   const c10::cuda::CUDAGuard device_guard(call.device);
   backward_cuda(call.dtype, args, static_cast<float>(eps), c10::cuda::getCurrentCUDAStream());

@@ -42,7 +42,7 @@ struct ForwardMath {
     const float sum_0 = row.sum(avo::columns<>, [&](const auto& at) {
       const float x = at.load(0);
       const float residual = at.load(1);
-      const float hidden = x + residual;
+      const float hidden = row.as_stored(x + residual);
       const float term = hidden * hidden;
       return term;
     });
@@ -52,7 +52,7 @@ struct ForwardMath {
       const float x = at.load(0);
       const float residual = at.load(1);
       const float weight = at.load_col(2, 1.0f);
-      const float hidden = x + residual;
+      const float hidden = row.as_stored(x + residual);
       const float y = hidden * rrms * weight;
       at.store(0, hidden);
       at.store(1, y);
@@ -65,14 +65,14 @@ struct BackwardMath {
   float eps;
   // Which inputs and outputs are per element, and which inputs per column (bit k:
   // input or output k).
-  static constexpr unsigned kElementInputs = 0x1bu;
+  static constexpr unsigned kElementInputs = 0xbu;
   static constexpr unsigned kElementOutputs = 0x1u;
-  static constexpr unsigned kColumnInputs = 0x20u;
+  static constexpr unsigned kColumnInputs = 0x10u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 1;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return k == 0 ? 1 : -1; }
   // The value of per-column input k where the call leaves it out (as in at.load_col).
-  AVO_HOST_DEVICE static constexpr float column_default(int k) { return k == 5 ? 1.0f : 0.0f; }
+  AVO_HOST_DEVICE static constexpr float column_default(int k) { return k == 4 ? 1.0f : 0.0f; }
   // Per-element values computed once and kept by rows that hold the row in registers
   // (at.keep / at.kept).
   static constexpr int kKeptValues = 0;
@@ -86,23 +86,19 @@ struct BackwardMath {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
     const float rrms = row.load_saved(2);
-    const float sum_0 = row.sum(avo::columns<5>, [&](const auto& at) {
+    const float sum_0 = row.sum(avo::columns<4>, [&](const auto& at) {
       const float grad_y = at.load(1);
-      const float weight = at.load_col(5, 1.0f);
-      const float x = at.load(3);
-      const float residual = at.load(4);
-      const float hidden = x + residual;
+      const float weight = at.load_col(4, 1.0f);
+      const float hidden = at.load(3);
       const float term = grad_y * weight * hidden;
       return term;
     });
     const float r0 = sum_0 * (-0.5f) * (rrms * rrms * rrms) / length;
-    row.template for_each_with_column_sums<kColumnSums>(avo::columns<5>, [&](const auto& at, float* terms) {
+    row.template for_each_with_column_sums<kColumnSums>(avo::columns<4>, [&](const auto& at, float* terms) {
       const float grad_hidden = at.load(0);
       const float grad_y = at.load(1);
-      const float weight = at.load_col(5, 1.0f);
-      const float x = at.load(3);
-      const float residual = at.load(4);
-      const float hidden = x + residual;
+      const float weight = at.load_col(4, 1.0f);
+      const float hidden = at.load(3);
       const float t0 = r0 * hidden;
       const float grad_x = F::fma(grad_y * weight, rrms, grad_hidden) + t0 + t0;
       const float term_0 = grad_y * (hidden * rrms);

@@ -10,7 +10,7 @@
 #include <tuple>
 
 // The Autograd kernel of every op: a torch::autograd::Function per op that runs the op
-// below autograd, saves its inputs, and whose backward calls <op>_backward.
+// below autograd, saves what its backward reads, and whose backward calls <op>_backward.
 namespace avo::autograd {
 
 // A saved optional input: undefined when the call passed none.
@@ -54,7 +54,7 @@ const auto& forward_saving_op() {
 }
 
 const auto& backward_op() {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_layernorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_layernorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
   return op;
 }
 
@@ -63,7 +63,7 @@ class Function : public torch::autograd::Function<Function> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     const auto results = forward_saving_op().call(x, residual, weight, bias, eps);
-    ctx->save_for_backward({x, residual, weight.value_or(at::Tensor()), bias.value_or(at::Tensor()), std::get<2>(results), std::get<3>(results)});
+    ctx->save_for_backward({std::get<2>(results), std::get<3>(results), std::get<0>(results), weight.value_or(at::Tensor()), bias.value_or(at::Tensor())});
     ctx->saved_data["eps"] = eps;
     return {std::get<0>(results), std::get<1>(results)};
   }
@@ -71,8 +71,8 @@ class Function : public torch::autograd::Function<Function> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], grads[1], saved[4], saved[5], saved[0], saved[1], avo::autograd::present(saved[2]), avo::autograd::present(saved[3]), ctx->saved_data["eps"].toDouble()));
-    return {avo::autograd::sum_to_input(gradients[0], saved[0]), avo::autograd::sum_to_input(gradients[0], saved[1]), avo::autograd::sum_to_input(gradients[1], saved[2]), avo::autograd::sum_to_input(gradients[2], saved[3]), at::Tensor()};
+    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], grads[1], saved[0], saved[1], saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), ctx->saved_data["eps"].toDouble()));
+    return {gradients[0], gradients[0], avo::autograd::sum_to_input(gradients[1], saved[3]), avo::autograd::sum_to_input(gradients[2], saved[4]), at::Tensor()};
   }
 };
 
@@ -88,11 +88,11 @@ std::tuple<at::Tensor, at::Tensor> autograd_kernel(const at::Tensor& x, const at
 // The backward has no derivative of its own: a call that would record a graph (a double
 // backward, create_graph=True) raises, where torch's fallback would warn and let no
 // second derivative reach the inputs.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
-  TORCH_CHECK(!avo::autograd::needs_grad(grad_hidden, grad_y, mu, rstd, x, residual, weight, bias), "avo::add_layernorm_backward is not differentiable: "
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& hidden, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+  TORCH_CHECK(!avo::autograd::needs_grad(grad_hidden, grad_y, mu, rstd, hidden, weight, bias), "avo::add_layernorm_backward is not differentiable: "
               "avo::add_layernorm has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return backward_op().call(grad_hidden, grad_y, mu, rstd, x, residual, weight, bias, eps);
+  return backward_op().call(grad_hidden, grad_y, mu, rstd, hidden, weight, bias, eps);
 }
 
 // Likewise the forward that returns the saved values: the autograd kernel above calls it
@@ -121,7 +121,7 @@ const auto& forward_saving_op() {
 }
 
 const auto& backward_op() {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_rmsnorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double)>();
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_rmsnorm_backward", "").typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double)>();
   return op;
 }
 
@@ -130,7 +130,7 @@ class Function : public torch::autograd::Function<Function> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     const auto results = forward_saving_op().call(x, residual, weight, eps);
-    ctx->save_for_backward({x, residual, weight.value_or(at::Tensor()), std::get<2>(results)});
+    ctx->save_for_backward({std::get<2>(results), std::get<0>(results), weight.value_or(at::Tensor())});
     ctx->saved_data["eps"] = eps;
     return {std::get<0>(results), std::get<1>(results)};
   }
@@ -138,8 +138,8 @@ class Function : public torch::autograd::Function<Function> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], grads[1], saved[3], saved[0], saved[1], avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble()));
-    return {avo::autograd::sum_to_input(gradients[0], saved[0]), avo::autograd::sum_to_input(gradients[0], saved[1]), avo::autograd::sum_to_input(gradients[1], saved[2]), at::Tensor()};
+    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], grads[1], saved[0], saved[1], avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble()));
+    return {gradients[0], gradients[0], avo::autograd::sum_to_input(gradients[1], saved[2]), at::Tensor()};
   }
 };
 
@@ -155,11 +155,11 @@ std::tuple<at::Tensor, at::Tensor> autograd_kernel(const at::Tensor& x, const at
 // The backward has no derivative of its own: a call that would record a graph (a double
 // backward, create_graph=True) raises, where torch's fallback would warn and let no
 // second derivative reach the inputs.
-std::tuple<at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& rrms, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
-  TORCH_CHECK(!avo::autograd::needs_grad(grad_hidden, grad_y, rrms, x, residual, weight), "avo::add_rmsnorm_backward is not differentiable: "
+std::tuple<at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& rrms, const at::Tensor& hidden, const std::optional<at::Tensor>& weight, double eps) {
+  TORCH_CHECK(!avo::autograd::needs_grad(grad_hidden, grad_y, rrms, hidden, weight), "avo::add_rmsnorm_backward is not differentiable: "
               "avo::add_rmsnorm has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return backward_op().call(grad_hidden, grad_y, rrms, x, residual, weight, eps);
+  return backward_op().call(grad_hidden, grad_y, rrms, hidden, weight, eps);
 }
 
 // Likewise the forward that returns the saved values: the autograd kernel above calls it
@@ -197,7 +197,7 @@ class Function : public torch::autograd::Function<Function> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     const auto results = forward_saving_op().call(x, gamma, beta, eps, swish);
-    ctx->save_for_backward({x, gamma.value_or(at::Tensor()), beta.value_or(at::Tensor()), std::get<1>(results), std::get<2>(results)});
+    ctx->save_for_backward({std::get<1>(results), std::get<2>(results), x, gamma.value_or(at::Tensor()), beta.value_or(at::Tensor())});
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["swish"] = swish;
     return {std::get<0>(results)};
@@ -206,8 +206,8 @@ class Function : public torch::autograd::Function<Function> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[3], saved[4], saved[0], avo::autograd::present(saved[1]), avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble(), ctx->saved_data["swish"].toBool()));
-    return {avo::autograd::sum_to_input(gradients[0], saved[0]), avo::autograd::sum_to_input(gradients[1], saved[1]), avo::autograd::sum_to_input(gradients[2], saved[2]), at::Tensor(), at::Tensor()};
+    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], saved[1], saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), ctx->saved_data["eps"].toDouble(), ctx->saved_data["swish"].toBool()));
+    return {avo::autograd::sum_to_input(gradients[0], saved[2]), avo::autograd::sum_to_input(gradients[1], saved[3]), avo::autograd::sum_to_input(gradients[2], saved[4]), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -315,7 +315,7 @@ class Function : public torch::autograd::Function<Function> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     const auto results = forward_saving_op().call(x, weight, bias, eps);
-    ctx->save_for_backward({x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor()), std::get<1>(results), std::get<2>(results)});
+    ctx->save_for_backward({std::get<1>(results), std::get<2>(results), x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())});
     ctx->saved_data["eps"] = eps;
     return {std::get<0>(results)};
   }
@@ -323,8 +323,8 @@ class Function : public torch::autograd::Function<Function> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[3], saved[4], saved[0], avo::autograd::present(saved[1]), avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble()));
-    return {avo::autograd::sum_to_input(gradients[0], saved[0]), avo::autograd::sum_to_input(gradients[1], saved[1]), avo::autograd::sum_to_input(gradients[2], saved[2]), at::Tensor()};
+    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], saved[1], saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), ctx->saved_data["eps"].toDouble()));
+    return {avo::autograd::sum_to_input(gradients[0], saved[2]), avo::autograd::sum_to_input(gradients[1], saved[3]), avo::autograd::sum_to_input(gradients[2], saved[4]), at::Tensor()};
   }
 };
 
@@ -381,15 +381,15 @@ class Function : public torch::autograd::Function<Function> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     const auto results = forward_saving_op().call(x);
-    ctx->save_for_backward({x, std::get<1>(results), std::get<2>(results)});
+    ctx->save_for_backward({std::get<1>(results), std::get<2>(results), x});
     return {std::get<0>(results)};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[1], saved[2], saved[0])};
-    return {avo::autograd::sum_to_input(gradients[0], saved[0])};
+    const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[0], saved[1], saved[2])};
+    return {avo::autograd::sum_to_input(gradients[0], saved[2])};
   }
 };
 
@@ -446,7 +446,7 @@ class Function : public torch::autograd::Function<Function> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     const auto results = forward_saving_op().call(x, weight, eps);
-    ctx->save_for_backward({x, weight.value_or(at::Tensor()), std::get<1>(results)});
+    ctx->save_for_backward({std::get<1>(results), x, weight.value_or(at::Tensor())});
     ctx->saved_data["eps"] = eps;
     return {std::get<0>(results)};
   }
@@ -454,8 +454,8 @@ class Function : public torch::autograd::Function<Function> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[2], saved[0], avo::autograd::present(saved[1]), ctx->saved_data["eps"].toDouble()));
-    return {avo::autograd::sum_to_input(gradients[0], saved[0]), avo::autograd::sum_to_input(gradients[1], saved[1]), at::Tensor()};
+    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], saved[1], avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble()));
+    return {avo::autograd::sum_to_input(gradients[0], saved[1]), avo::autograd::sum_to_input(gradients[1], saved[2]), at::Tensor()};
   }
 };
 
@@ -562,15 +562,15 @@ class Function : public torch::autograd::Function<Function> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     const auto results = forward_saving_op().call(x);
-    ctx->save_for_backward({x, std::get<1>(results), std::get<2>(results)});
+    ctx->save_for_backward({std::get<1>(results), std::get<2>(results), x});
     return {std::get<0>(results)};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[1], saved[2], saved[0])};
-    return {avo::autograd::sum_to_input(gradients[0], saved[0])};
+    const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[0], saved[1], saved[2])};
+    return {avo::autograd::sum_to_input(gradients[0], saved[2])};
   }
 };
 
@@ -627,7 +627,7 @@ class Function : public torch::autograd::Function<Function> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     const auto results = forward_saving_op().call(x, weight, bias, eps);
-    ctx->save_for_backward({x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor()), std::get<1>(results), std::get<2>(results)});
+    ctx->save_for_backward({std::get<1>(results), std::get<2>(results), x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())});
     ctx->saved_data["eps"] = eps;
     return {std::get<0>(results)};
   }
@@ -635,8 +635,8 @@ class Function : public torch::autograd::Function<Function> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[3], saved[4], saved[0], avo::autograd::present(saved[1]), avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble()));
-    return {avo::autograd::sum_to_input(gradients[0], saved[0]), avo::autograd::sum_to_input(gradients[1], saved[1]), avo::autograd::sum_to_input(gradients[2], saved[2]), at::Tensor()};
+    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], saved[1], saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), ctx->saved_data["eps"].toDouble()));
+    return {avo::autograd::sum_to_input(gradients[0], saved[2]), avo::autograd::sum_to_input(gradients[1], saved[3]), avo::autograd::sum_to_input(gradients[2], saved[4]), at::Tensor()};
   }
 };
 

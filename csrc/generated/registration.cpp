@@ -8,11 +8,11 @@ TORCH_LIBRARY(avo, m) {
   // specs/add_layernorm.yaml
   m.def("add_layernorm(Tensor x, Tensor residual, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> (Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
   m.def("add_layernorm_forward(Tensor x, Tensor residual, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> (Tensor, Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
-  m.def("add_layernorm_backward(Tensor grad_hidden, Tensor grad_y, Tensor mu, Tensor rstd, Tensor x, Tensor residual, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> (Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
+  m.def("add_layernorm_backward(Tensor grad_hidden, Tensor grad_y, Tensor mu, Tensor rstd, Tensor hidden, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> (Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
   // specs/add_rmsnorm.yaml
   m.def("add_rmsnorm(Tensor x, Tensor residual, Tensor? weight=None, float eps=1e-06) -> (Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
   m.def("add_rmsnorm_forward(Tensor x, Tensor residual, Tensor? weight=None, float eps=1e-06) -> (Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
-  m.def("add_rmsnorm_backward(Tensor grad_hidden, Tensor grad_y, Tensor rrms, Tensor x, Tensor residual, Tensor? weight=None, float eps=1e-06) -> (Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
+  m.def("add_rmsnorm_backward(Tensor grad_hidden, Tensor grad_y, Tensor rrms, Tensor hidden, Tensor? weight=None, float eps=1e-06) -> (Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
   // specs/channel_norm.yaml
   m.def("channel_norm(Tensor x, Tensor? gamma=None, Tensor? beta=None, float eps=1e-05, bool swish=False) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("channel_norm_forward(Tensor x, Tensor? gamma=None, Tensor? beta=None, float eps=1e-05, bool swish=False) -> (Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});

@@ -105,6 +105,9 @@ struct RowView {
     const T* p = static_cast<const T*>(args.inputs[k]);
     return p != nullptr ? Element<T>::to_float(p[r % args.channels]) : missing;
   }
+  // `value` as an output of the row's dtype holds it, for math that reads an output back
+  // (add_layernorm's hidden): the same in every row type and on the CPU.
+  AVO_HOST_DEVICE float as_stored(float value) const { return Element<T>::to_float(Element<T>::from_float(value)); }
   AVO_HOST_DEVICE void store(int k, int64_t n, float value) const {
     static_cast<T*>(args.outputs[k])[r * args.length + n] = Element<T>::from_float(value);
   }
