@@ -1,7 +1,7 @@
 """Emit `autograd.cpp`: the Autograd kernel of every op, a torch::autograd::Function
 that runs the op below autograd, saves the tensors its backward reads (inputs; for a row
-op also per-row values and outputs of the forward) and the attributes, and in backward calls `<op>_backward` and sums each gradient back to its
-input's shape.
+op also per-row values and outputs of the forward) and the attributes, and in backward
+calls `<op>_backward` and sums each gradient back to its input's shape.
 
 The kernels are C++ rather than Python (torch.library.register_autograd) because every
 differentiable call passes through them: a Python autograd kernel costs about 8 µs of
