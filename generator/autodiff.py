@@ -189,9 +189,16 @@ def _read_as_inputs(backward: Graph, leaves: dict[int, Node]) -> Graph:
     return Graph(backward.spec, backward.specialization, results, names, backward.bindings)
 
 
+def tensors_read(graph: Graph, domain: str | None = None) -> set[str]:
+    """The names of the tensors `graph` reads (inputs, incoming gradients, saved values and
+    outputs); only those of `domain` where it is given."""
+    return {n.value for n in topological_order(graph.results.values())
+            if n.op == "input" and (domain is None or n.domain == domain)}
+
+
 def element_inputs_read(graph: Graph) -> set[str]:
-    """The per-element tensors `graph` reads (inputs, incoming gradients, saved outputs)."""
-    return {n.value for n in topological_order(graph.results.values()) if n.op == "input" and n.domain == "elem"}
+    """The per-element tensors `graph` reads."""
+    return tensors_read(graph, "elem")
 
 
 def saved_element_outputs(forward: Graph, backward: Graph) -> tuple[Graph, tuple[str, ...]]:

@@ -17,9 +17,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from .autodiff import grad_name, lower_backward, saved_element_outputs, saved_row_values
+from .autodiff import grad_name, lower_backward, saved_element_outputs, saved_row_values, tensors_read
 from .errors import SpecError
-from .ir import Graph, is_channel_op, lower_forward, named_dims, shape_domain, topological_order
+from .ir import Graph, is_channel_op, lower_forward, named_dims, shape_domain
 from .model import ELLIPSIS, OpSpec
 
 CPP_SCALAR_TYPES = {"float": "float", "int": "int64_t", "bool": "bool"}
@@ -287,16 +287,11 @@ def _schedule_rows(spec: OpSpec, namespace: str, variants) -> OpSchedule:
     # The saved values and outputs come before the inputs, whose optional ones (with their
     # defaults) end the list. A required input that no backward reads is left out (x and
     # residual of add_rmsnorm, whose backward reads hidden), so that autograd need not keep it.
-    read = set().union(*(_inputs_read(g) for _, g in backward_graphs))
+    read = set().union(*(tensors_read(g) for _, g in backward_graphs))
     backward_inputs = tuple(i for i in inputs if i.optional or i.name in read)
     backward = RowKernel(spec, "backward", grad_inputs + saved_inputs + output_inputs + backward_inputs, grad_outputs,
                          scalars, backward_graphs, namespace, gradient_outputs)
     return OpSchedule(spec, "row", variants, forward, backward)
-
-
-def _inputs_read(graph: Graph) -> set[str]:
-    """The names of every tensor `graph` reads."""
-    return {n.value for n in topological_order(graph.results.values()) if n.op == "input"}
 
 
 def _read_saved_outputs(forward_graphs, backward_graphs):

@@ -208,28 +208,24 @@ struct Plus {
 // A row's maximum and minimum propagate NaN, as Functions::maximum and minimum do: from
 // sm_80 on in one instruction (max.NaN), where those take a compare, a NaN test and a
 // select per element. Which zero a tie of -0 and +0 gives is left open (torch's amax too).
-struct Max {
+template <bool kMaximum>
+struct Extremum {
   __device__ float operator()(float a, float b) const {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     float m;
-    asm("max.NaN.f32 %0, %1, %2;" : "=f"(m) : "f"(a), "f"(b));
-    return m;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if constexpr (kMaximum) {
+      asm("max.NaN.f32 %0, %1, %2;" : "=f"(m) : "f"(a), "f"(b));
+    } else {
+      asm("min.NaN.f32 %0, %1, %2;" : "=f"(m) : "f"(a), "f"(b));
+    }
 #else
-    return Functions<Exact>::maximum(a, b);
+    m = kMaximum ? Functions<Exact>::maximum(a, b) : Functions<Exact>::minimum(a, b);
 #endif
+    return m;
   }
 };
-struct Min {
-  __device__ float operator()(float a, float b) const {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    float m;
-    asm("min.NaN.f32 %0, %1, %2;" : "=f"(m) : "f"(a), "f"(b));
-    return m;
-#else
-    return Functions<Exact>::minimum(a, b);
-#endif
-  }
-};
+using Max = Extremum<true>;
+using Min = Extremum<false>;
 
 // sum, max and min over a row, for a row type that provides reduce<M>(term, combine,
 // identity); M lists the per-column inputs the pass reads (Columns, avo/row_args.h).
