@@ -8,8 +8,9 @@ attributes and one incoming gradient `grad_<output>` per output. The result is a
 from __future__ import annotations
 
 from .errors import SpecError
-from .ir import (Graph, Node, base_env, colsum, const, lower_forward, lower_gradient_override, make, reduce,
-                 reduced_dim, reduction_depth, shape_domain, tensor, topological_order, with_args)
+from .ir import (Graph, Node, base_env, colsum, const, dim, linear_parts, lower_forward, lower_gradient_override, make,
+                 reduce, reduced_dim, reduction_depth, rewrite_bottom_up, shape_domain, tensor, topological_order,
+                 with_args)
 from .model import OpSpec
 
 TWO_OVER_SQRT_PI = 1.1283791670955126
@@ -28,6 +29,8 @@ def _local_gradients(node: Node, adjoint: Node) -> list[tuple[Node, Node]]:
         return [(args[0], g), (args[1], make("neg", g))]
     if op == "mul":
         a, b = args
+        if a is b:  # d(a*a)/da = 2a: one contribution, not the same product added twice
+            return [(a, make("mul", const(2.0), make("mul", g, a)))]
         return [(a, make("mul", g, b)), (b, make("mul", g, a))]
     if op == "div":
         a, b = args
@@ -124,6 +127,51 @@ def differentiate(forward: Graph) -> dict[str, Node]:
     return {i.name: adjoints.get(id(tensor(i.name, shape_domain(spec, i.shape))), const(0.0)) for i in spec.inputs}
 
 
+def _mean(node: Node, dimension: str) -> Node:
+    """mean(node, dimension) as the spec language lowers it."""
+    return make("div", reduce("rsum", node, dimension), dim(dimension))
+
+
+def simplified_row_sums(results: dict[str, Node]) -> dict[str, Node]:
+    """Two exact rewrites of the sums over the row that differentiation produces.
+
+    A part that is the sum of a centered value, sum(f * (a - mean(a))) with f per row, is
+    zero and dropped: the derived layernorm backward summed x - mu beside dy * w and
+    dy * w * (x - mu), a third sum that only added rounding error (torch's own backward
+    leaves it out). The parts are those of linear_parts: f * (a - mean(a)) as one part,
+    or f * a and -(f * mean(a)) as two.
+
+    A sum of one part, sum(f * r), becomes f * sum(r): the per-row factor leaves the
+    pass, and sums that differ only by it become one (channel_norm's backward summed
+    dy * gamma * (s - mu) and dy * (s - mu) * rstd). Sums of several parts stay one sum
+    (split, each part would take its own accumulator and exchange)."""
+    def step(node: Node) -> Node:
+        if node.op != "rsum":
+            return node
+        dimension = node.value
+        parts = linear_parts(node.args[0])
+        kept = [(f, r) for f, r in parts
+                if not (r.op == "sub" and r.args[1] is _mean(r.args[0], dimension))]
+        for f, r in list(kept):
+            cancelling = (make("neg", make("mul", f, _mean(r, dimension))), const(1.0))
+            if r.domain == "elem" and (f, r) in kept and cancelling in kept:
+                kept.remove((f, r))
+                kept.remove(cancelling)
+        if not kept:
+            return const(0.0)
+        if len(kept) == 1:
+            factor, rest = kept[0]
+            return make("mul", factor, reduce("rsum", rest, dimension)) if factor is not const(1.0) else node
+        if len(kept) == len(parts):
+            return node
+        total = make("mul", *kept[0])
+        for f, r in kept[1:]:
+            total = make("add", total, make("mul", f, r))
+        return reduce("rsum", total, dimension)
+
+    return rewrite_bottom_up(results, step)
+
+
 def lower_backward(spec: OpSpec, specialization: dict[str, str]) -> Graph:
     """The backward Graph: results are `grad_<input>` for every tensor input.
 
@@ -136,7 +184,7 @@ def lower_backward(spec: OpSpec, specialization: dict[str, str]) -> Graph:
         env[grad_name(o.name)] = tensor(grad_name(o.name), shape_domain(spec, o.shape))
     for override in spec.grads:
         grads[override.name] = lower_gradient_override(spec, specialization, env, override)
-    results = {grad_name(name): node for name, node in grads.items()}
+    results = simplified_row_sums({grad_name(name): node for name, node in grads.items()})
     names = dict(forward.names)
     return Graph(spec, specialization, results, names)
 

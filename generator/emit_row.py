@@ -24,7 +24,8 @@ import textwrap
 
 from .emit_c import StatementPrinter, float_literal, fusable_products
 from .emit_kernels import bitmask, entry_points, enum_name, header_comment, launcher_params
-from .ir import REDUCTION_OPS, Graph, Node, const, make, reduce, reduction_depth, topological_order, with_args
+from .ir import (REDUCTION_OPS, Graph, Node, const, linear_parts, make, reduce, reduction_depth, rewrite_bottom_up,
+                 rewrite_node, topological_order, with_args)
 from .schedule import OpSchedule, RowKernel, Specialization
 from .tuning import DTYPES as TUNING_DTYPES, TABLES as TUNING_TABLES, ArchTuning
 
@@ -34,54 +35,9 @@ REDUCE_CALL = {"rsum": "sum", "rmax": "max", "rmin": "min"}
 COSTLY_OPS = {"exp", "log", "tanh", "erf", "sigmoid", "pow"}
 
 
-def rewrite_node(node: Node, step, memo: dict[int, Node]) -> Node:
-    """`node` rebuilt from its rewritten arguments and then passed through `step`; each
-    node is rewritten once per `memo`, so shared subexpressions stay shared."""
-    done = memo.get(id(node))
-    if done is None:
-        done = memo[id(node)] = step(with_args(node, tuple(rewrite_node(a, step, memo) for a in node.args)))
-    return done
-
-
-def rewrite_bottom_up(results: dict[str, Node], step) -> dict[str, Node]:
-    """`results` with every node rewritten by rewrite_node (one memo for all of them)."""
-    memo: dict[int, Node] = {}
-    return {name: rewrite_node(node, step, memo) for name, node in results.items()}
-
-
 def strip_no_grad(node: Node, memo: dict[int, Node]) -> Node:
     """The same expression without no_grad markers (they only matter to autodiff)."""
     return rewrite_node(node, lambda n: n.args[0] if n.op == "no_grad" else n, memo)
-
-
-def _row_factor(node: Node) -> tuple[Node, Node]:
-    """(factor, rest) with node == factor * rest, the factor per row (or constant): the
-    per-row factors of a product pulled out of it."""
-    if node.domain in ("row", "scalar"):
-        return node, const(1.0)
-    if node.op == "mul":
-        (fa, ra), (fb, rb) = _row_factor(node.args[0]), _row_factor(node.args[1])
-        return make("mul", fa, fb), make("mul", ra, rb)
-    if node.op == "div" and node.args[1].domain in ("row", "scalar"):
-        f, r = _row_factor(node.args[0])
-        return make("div", f, node.args[1]), r
-    if node.op == "neg":
-        f, r = _row_factor(node.args[0])
-        return make("neg", f), r
-    return const(1.0), node
-
-
-def _linear_parts(node: Node) -> list[tuple[Node, Node]]:
-    """node == sum of factor * rest over the parts: its terms (through +, - and unary
-    minus, not into products), each split by _row_factor."""
-    if node.op in ("add", "sub"):
-        right = _linear_parts(node.args[1])
-        if node.op == "sub":
-            right = [(make("neg", f), r) for f, r in right]
-        return _linear_parts(node.args[0]) + right
-    if node.op == "neg":
-        return [(make("neg", f), r) for f, r in _linear_parts(node.args[0])]
-    return [_row_factor(node)]
 
 
 def earlier_sums(results: dict[str, Node]) -> dict[str, Node]:
@@ -96,7 +52,7 @@ def earlier_sums(results: dict[str, Node]) -> dict[str, Node]:
     def step(node: Node) -> Node:
         if node.op != "rsum":
             return node
-        sums = [(f, reduce("rsum", r, node.value)) for f, r in _linear_parts(node.args[0])]
+        sums = [(f, reduce("rsum", r, node.value)) for f, r in linear_parts(node.args[0])]
         if max(reduction_depth(s, depth) for _, s in sums) >= reduction_depth(node, depth):
             return node
         total = make("mul", *sums[0])

@@ -199,6 +199,12 @@ def make(op: str, *args: Node) -> Node:
             return make("neg", a)
         if a.op == "neg" and b.op == "neg":
             return make("mul", a.args[0], b.args[0])
+        # A constant joins a per-row factor, computed once per row: c * (r * e) is
+        # (c * r) * e, one multiply per element instead of two.
+        if a.domain == "scalar" and b.op == "mul" and b.domain not in ("scalar", "row"):
+            for r, e in (b.args, b.args[::-1]):
+                if r.domain in ("scalar", "row"):
+                    return make("mul", make("mul", a, r), e)
         if a.op == "neg":
             return make("neg", make("mul", a.args[0], b))
         if b.op == "neg":
@@ -239,6 +245,51 @@ def with_args(node: Node, args: tuple[Node, ...]) -> Node:
     if node.op in REDUCTION_OPS or node.op == "colsum":
         return Node.make(node.op, args, value=node.value)
     return make(node.op, *args)
+
+
+def rewrite_node(node: Node, step, memo: dict[int, Node]) -> Node:
+    """`node` rebuilt from its rewritten arguments and then passed through `step`; each
+    node is rewritten once per `memo`, so shared subexpressions stay shared."""
+    done = memo.get(id(node))
+    if done is None:
+        done = memo[id(node)] = step(with_args(node, tuple(rewrite_node(a, step, memo) for a in node.args)))
+    return done
+
+
+def rewrite_bottom_up(results: dict[str, Node], step) -> dict[str, Node]:
+    """`results` with every node rewritten by rewrite_node (one memo for all of them)."""
+    memo: dict[int, Node] = {}
+    return {name: rewrite_node(node, step, memo) for name, node in results.items()}
+
+
+def row_factor(node: Node) -> tuple[Node, Node]:
+    """(factor, rest) with node == factor * rest, the factor per row (or constant): the
+    per-row factors of a product pulled out of it."""
+    if node.domain in ("row", "scalar"):
+        return node, const(1.0)
+    if node.op == "mul":
+        (fa, ra), (fb, rb) = row_factor(node.args[0]), row_factor(node.args[1])
+        return make("mul", fa, fb), make("mul", ra, rb)
+    if node.op == "div" and node.args[1].domain in ("row", "scalar"):
+        f, r = row_factor(node.args[0])
+        return make("div", f, node.args[1]), r
+    if node.op == "neg":
+        f, r = row_factor(node.args[0])
+        return make("neg", f), r
+    return const(1.0), node
+
+
+def linear_parts(node: Node) -> list[tuple[Node, Node]]:
+    """node == sum of factor * rest over the parts: its terms (through +, - and unary
+    minus, not into products), each split by row_factor."""
+    if node.op in ("add", "sub"):
+        right = linear_parts(node.args[1])
+        if node.op == "sub":
+            right = [(make("neg", f), r) for f, r in right]
+        return linear_parts(node.args[0]) + right
+    if node.op == "neg":
+        return [(make("neg", f), r) for f, r in linear_parts(node.args[0])]
+    return [row_factor(node)]
 
 
 def colsum(arg: Node) -> Node:

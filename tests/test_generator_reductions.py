@@ -11,10 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from generator.autodiff import element_inputs_read, lower_backward, saved_row_values
+from generator.autodiff import (differentiate, element_inputs_read, grad_name, lower_backward, saved_row_values,
+                                simplified_row_sums)
 from generator.errors import SpecError
 from generator.emit_row import earlier_sums, per_row_reciprocals, strip_no_grad
-from generator.ir import REDUCTION_OPS, lower_forward, topological_order
+from generator.ir import REDUCTION_OPS, const, linear_parts, lower_forward, topological_order
 from generator.model import parse_spec
 from generator.schedule import schedule
 from generator.yaml_source import parse_yaml
@@ -201,9 +202,65 @@ def test_earlier_sums_keeps_the_value_of_every_result(name):
 def test_backward_passes_after_earlier_sums(name, passes):
     """layernorm's backward was 3 levels of sums (mean; variance and sum(dy*w*d);
     the sum of the dx terms); the last is rewritten into sums of the first two levels.
-    softmax's sum(dy * e / sum(e)) becomes sum(dy * e) / sum(e), beside sum(e)."""
-    results = {k: strip_no_grad(v, {}) for k, v in lower_backward(spec_of(CASES[name]), {}).results.items()}
+    softmax's sum(dy * e / sum(e)) becomes sum(dy * e) / sum(e), beside sum(e). Checked
+    on the derivative as it comes out of differentiate, before simplified_row_sums."""
+    results = {k: strip_no_grad(v, {}) for k, v in _derivative(spec_of(CASES[name])).items()}
     assert _passes(earlier_sums(results)) == passes < _passes(results)
+
+
+def _derivative(spec) -> dict:
+    """The backward's results as differentiate derives them, no rewrite applied."""
+    return {grad_name(k): v for k, v in differentiate(lower_forward(spec, {})).items()}
+
+
+def _row_sums(results) -> set:
+    """The distinct sums over the row in `results`."""
+    return {n for n in topological_order(results.values()) if n.op == "rsum"}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_simplified_row_sums_keep_the_value_of_every_gradient(name):
+    """The sums of centered values dropped and the per-row factors taken out of the sums
+    leave every gradient as it was (float64, random inputs)."""
+    spec = spec_of(CASES[name])
+    derived = {k: strip_no_grad(v, {}) for k, v in _derivative(spec).items()}
+    simplified = simplified_row_sums(derived)
+    values = _rewrite_inputs(spec, seed=5)
+    before, after = evaluate(derived, values, {"eps": 1e-5}), evaluate(simplified, values, {"eps": 1e-5})
+    for out in derived:
+        torch.testing.assert_close(after[out], before[out], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("name,sums,derived_sums", [("layernorm", 2, 3), ("swish_layernorm", 2, 3), ("rmsnorm", 1, 1),
+                                                    ("softmax", 1, 1)])
+def test_simplified_row_sums_leave_only_the_sums_the_gradient_needs(name, sums, derived_sums):
+    """Counted as the row kernels compute them (after earlier_sums): layernorm's backward
+    needs sum(dy * w) and sum(dy * w * (x - mu)) beside the forward's mean and variance;
+    the derived one also summed x - mu, which is zero. No sum left holds a centered value
+    or a per-row factor (softmax's summed dy * e / sum(e)**2, now dy * e)."""
+    spec = spec_of(CASES[name])
+    forward_sums = _row_sums({k: strip_no_grad(v, {}) for k, v in lower_forward(spec, {}).results.items()})
+
+    def backward_sums(results):
+        return _row_sums(earlier_sums({k: strip_no_grad(v, {}) for k, v in results.items()})) - forward_sums
+
+    simplified = backward_sums(lower_backward(spec, {}).results)
+    assert len(simplified) == sums and len(backward_sums(_derivative(spec))) == derived_sums
+    for node in simplified:
+        parts = linear_parts(node.args[0])
+        assert not any(r.op == "sub" and r.args[1].op == "div" and r.args[1].args[0].op == "rsum"
+                       and r.args[1].args[0].args[0] is r.args[0] for _, r in parts)
+        assert len(parts) > 1 or parts[0][0] is const(1.0)
+
+
+@pytest.mark.parametrize("op,sums", [("layernorm", 2), ("swish_layernorm", 2), ("add_layernorm", 2),
+                                     ("channel_norm", 2)])
+def test_generated_norm_backwards_sum_two_terms_per_row(op, sums):
+    """The generated backwards of the layer norms sum dy * w and dy * w * (x - mu) per row
+    and no more (they summed x - mu too; channel_norm also dy * (x - mu) * rstd)."""
+    with open(ROOT / "csrc" / "generated" / f"{op}_math.h", encoding="utf-8") as f:
+        backward = f.read().split("struct BackwardMath")[1]
+    assert f"float sums_0[{sums}];" in backward and "sums_1" not in backward
 
 
 @pytest.mark.parametrize("op,passes", [("layernorm", 1), ("rmsnorm", 1), ("softmax", 1), ("log_softmax", 1),

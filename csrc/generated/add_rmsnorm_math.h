@@ -93,14 +93,13 @@ struct BackwardMath {
       const float term = grad_y * weight * hidden;
       return term;
     });
-    const float r0 = sum_0 * (-0.5f) * (rrms * rrms * rrms) / length;
+    const float r0 = 2.0f * (sum_0 * (-0.5f) * (rrms * rrms * rrms) / length);
     row.template for_each_with_column_sums<kColumnSums>(avo::columns<4>, [&](const auto& at, float* terms) {
       const float grad_hidden = at.load(0);
       const float grad_y = at.load(1);
       const float weight = at.load_col(4, 1.0f);
       const float hidden = at.load(3);
-      const float t0 = r0 * hidden;
-      const float grad_x = F::fma(grad_y * weight, rrms, grad_hidden) + t0 + t0;
+      const float grad_x = F::fma(r0, hidden, F::fma(grad_y * weight, rrms, grad_hidden));
       const float term_0 = grad_y * (hidden * rrms);
       at.store(0, grad_x);
       terms[0] = term_0;

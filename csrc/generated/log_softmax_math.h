@@ -89,7 +89,7 @@ struct BackwardMath {
     const float total = row.load_saved(2);
     const float sum_0 = row.sum(avo::columns<>, [&](const auto& at) {
       const float grad_y = at.load(0);
-      const float term = -grad_y;
+      const float term = grad_y;
       return term;
     });
     const float r0 = sum_0 / total;
@@ -97,7 +97,7 @@ struct BackwardMath {
       const float grad_y = at.load(0);
       const float x = at.load(3);
       const float shifted = x - saved_0;
-      const float grad_x = F::fma(r0, F::exp(shifted), grad_y);
+      const float grad_x = F::fma(-r0, F::exp(shifted), grad_y);
       at.store(0, grad_x);
     });
   }

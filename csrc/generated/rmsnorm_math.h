@@ -88,13 +88,12 @@ struct BackwardMath {
       const float term = grad_y * weight * x;
       return term;
     });
-    const float r0 = sum_0 * (-0.5f) * (rrms * rrms * rrms) / length;
+    const float r0 = 2.0f * (sum_0 * (-0.5f) * (rrms * rrms * rrms) / length);
     row.template for_each_with_column_sums<kColumnSums>(avo::columns<3>, [&](const auto& at, float* terms) {
       const float grad_y = at.load(0);
       const float weight = at.load_col(3, 1.0f);
       const float x = at.load(2);
-      const float t0 = r0 * x;
-      const float grad_x = F::fma(grad_y * weight, rrms, t0) + t0;
+      const float grad_x = F::fma(grad_y * weight, rrms, r0 * x);
       const float term_0 = grad_y * (x * rrms);
       at.store(0, grad_x);
       terms[0] = term_0;

@@ -87,19 +87,20 @@ struct BackwardMath {
     [[maybe_unused]] const float length = float(row.length());
     const float row_max = row.load_saved(1);
     const float total = row.load_saved(2);
-    const float r0 = 1.0f / total;
     const float sum_0 = row.sum(avo::columns<>, [&](const auto& at) {
       const float grad_y = at.load(0);
       const float x = at.load(3);
       const float e = F::exp(x - row_max);
-      const float term = -(grad_y * (e * r0) * r0);
+      const float term = grad_y * e;
       return term;
     });
+    const float r0 = 1.0f / total;
+    const float r1 = r0 / total * sum_0;
     row.for_each(avo::columns<>, [&](const auto& at) {
       const float grad_y = at.load(0);
       const float x = at.load(3);
       const float e = F::exp(x - row_max);
-      const float grad_x = F::fma(grad_y, r0, sum_0) * e;
+      const float grad_x = F::fma(grad_y, r0, -r1) * e;
       at.store(0, grad_x);
     });
   }

@@ -101,7 +101,7 @@ struct BackwardMath {
     [[maybe_unused]] const float length = float(row.length());
     const float mu = row.load_saved(1);
     const float rstd = row.load_saved(2);
-    float sums_0[3];
+    float sums_0[2];
     row.sums(avo::columns<4>, sums_0, [&](const auto& at, float* terms) {
       const float grad_y = at.load(0);
       const float weight = at.load_col(4, 1.0f);
@@ -110,17 +110,13 @@ struct BackwardMath {
       const float swish = x * F::sigmoid(x);
       const float centered = swish - mu;
       const float term_0 = term_1 * centered;
-      const float term_2 = centered;
       terms[0] = term_0;
       terms[1] = term_1;
-      terms[2] = term_2;
     });
     const float sum_0 = sums_0[0];
     const float sum_1 = sums_0[1];
-    const float sum_2 = sums_0[2];
-    const float r0 = sum_0 * (-0.5f) * (rstd * rstd * rstd) / length;
-    const float t0 = r0 * sum_2;
-    const float r1 = (-(rstd * sum_1) - t0 - t0) / length;
+    const float r0 = 2.0f * (sum_0 * (-0.5f) * (rstd * rstd * rstd) / length);
+    const float r1 = rstd * sum_1 / length;
     row.template for_each_with_column_sums<kColumnSums>(avo::columns<4>, [&](const auto& at, float* terms) {
       const float grad_y = at.load(0);
       const float weight = at.load_col(4, 1.0f);
@@ -128,9 +124,8 @@ struct BackwardMath {
       const float t0 = F::sigmoid(x);
       const float swish = x * t0;
       const float centered = swish - mu;
-      const float t1 = r0 * centered;
-      const float t2 = F::fma(grad_y * weight, rstd, t1) + t1 + r1;
-      const float grad_x = F::fma(t2, t0, t2 * x * (t0 * (1.0f - t0)));
+      const float t1 = F::fma(grad_y * weight, rstd, r0 * centered) - r1;
+      const float grad_x = F::fma(t1, t0, t1 * x * (t0 * (1.0f - t0)));
       const float term_0 = grad_y * (centered * rstd);
       const float term_1 = grad_y;
       at.store(0, grad_x);
