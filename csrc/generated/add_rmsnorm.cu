@@ -25,8 +25,8 @@ namespace avo::ops::add_rmsnorm {
 //   | forward  | any other GPU       | global    |    never |    never |    never |
 //   | forward  | any other GPU       | pipelined |    never |    never |    never |
 //   | forward  | any other GPU       | tiled     |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200) | staged    |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200) | global    |     8192 |     8192 |    never |
+//   | backward | sm_90 (NVIDIA H200) | staged    |    never |     1024 |    never |
+//   | backward | sm_90 (NVIDIA H200) | global    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | pipelined |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | tiled     |     4096 |     4096 |    16384 |
 //   | backward | any other GPU       | staged    |    never |    never |    never |
@@ -38,7 +38,7 @@ constexpr avo::RowTuning kForwardTuning[] = {
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {8192, 8192, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 16384}},
+    {90, {avo::kNever, 1024, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 16384}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 

@@ -298,6 +298,14 @@ constexpr int kMaxGroupThreads = Math::kColumnSums > 0 || (Math::kElementInputs 
 // registers for rmsnorm's backward (60 without it), one block where there were two.
 template <typename Math>
 constexpr int kRowBlocksPerSM = kMaxGroupThreads<Math> <= 512 && Math::kColumnSums == 0 ? 2 : 0;
+// The same for a cluster row, also where it keeps per-column sums in fp32 rows (two
+// sums or fewer: 16 registers): ptxas gave add_layernorm's fp32 backward 91 registers
+// (one block) once its sums went from three to two, where it had taken 64, and it lost
+// 21% at 2048x16384. In 16 bits the sums take twice the registers; capped at 64,
+// add_rmsnorm's would spill.
+template <typename T, typename Math>
+constexpr int kClusterBlocksPerSM =
+    kMaxGroupThreads<Math> <= 512 && (Math::kColumnSums == 0 || (sizeof(T) == 4 && Math::kColumnSums <= 2)) ? 2 : 0;
 
 // A row held in registers by a group of threads (see the top of this file); with
 // kClustered the group is every thread of a thread-block cluster.
@@ -1026,7 +1034,7 @@ __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math>)
 // Pipelined wherever kCanPipeline<Math> (on the H200 that gained 3-13% on every row the
 // cluster version takes).
 template <typename T, typename Args, typename Math, int V>
-__global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math>) cluster_row_kernel(const Args args, const Math math) {
+__global__ void __launch_bounds__(kMaxGroupThreads<Math>, kClusterBlocksPerSM<T, Math>) cluster_row_kernel(const Args args, const Math math) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Row = RegisterRow<T, Args, Math, V, true>;
   namespace cg = cooperative_groups;
