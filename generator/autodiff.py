@@ -8,7 +8,7 @@ attributes and one incoming gradient `grad_<output>` per output. The result is a
 from __future__ import annotations
 
 from .errors import SpecError
-from .ir import (Graph, Node, base_env, colsum, const, dim, linear_parts, lower_forward, lower_gradient_override, make,
+from .ir import (Graph, Node, base_env, colsum, const, linear_parts, lower_forward, lower_gradient_override, make, mean,
                  reduce, reduced_dim, reduction_depth, rewrite_bottom_up, shape_domain, tensor, topological_order,
                  with_args)
 from .model import OpSpec
@@ -127,11 +127,6 @@ def differentiate(forward: Graph) -> dict[str, Node]:
     return {i.name: adjoints.get(id(tensor(i.name, shape_domain(spec, i.shape))), const(0.0)) for i in spec.inputs}
 
 
-def _mean(node: Node, dimension: str) -> Node:
-    """mean(node, dimension) as the spec language lowers it."""
-    return make("div", reduce("rsum", node, dimension), dim(dimension))
-
-
 def simplified_row_sums(results: dict[str, Node]) -> dict[str, Node]:
     """Two exact rewrites of the sums over the row that differentiation produces.
 
@@ -151,17 +146,17 @@ def simplified_row_sums(results: dict[str, Node]) -> dict[str, Node]:
         dimension = node.value
         parts = linear_parts(node.args[0])
         kept = [(f, r) for f, r in parts
-                if not (r.op == "sub" and r.args[1] is _mean(r.args[0], dimension))]
+                if not (r.op == "sub" and r.args[1] is mean(r.args[0], dimension))]
         for f, r in list(kept):
-            cancelling = (make("neg", make("mul", f, _mean(r, dimension))), const(1.0))
+            cancelling = (make("neg", make("mul", f, mean(r, dimension))), const(1.0))
             if r.domain == "elem" and (f, r) in kept and cancelling in kept:
                 kept.remove((f, r))
                 kept.remove(cancelling)
         if not kept:
             return const(0.0)
-        if len(kept) == 1:
+        if len(kept) == 1:  # f * sum(r); sum(r) itself when f is 1
             factor, rest = kept[0]
-            return make("mul", factor, reduce("rsum", rest, dimension)) if factor is not const(1.0) else node
+            return make("mul", factor, reduce("rsum", rest, dimension))
         if len(kept) == len(parts):
             return node
         total = make("mul", *kept[0])

@@ -229,6 +229,11 @@ def reduce(op: str, arg: Node, dimension: str) -> Node:
     return Node.make(op, (arg,), value=dimension)
 
 
+def mean(arg: Node, dimension: str) -> Node:
+    """mean(arg, dimension): the sum over `dimension` divided by its length."""
+    return make("div", reduce("rsum", arg, dimension), dim(dimension))
+
+
 def reduction_depth(node: Node, memo: dict[int, int]) -> int:
     """The longest chain of reductions in `node` (its own included): the pass over the
     row that can compute it, counting from 1; 0 for what needs no reduction."""
@@ -415,8 +420,9 @@ class _Lowering:
     def call(self, t: Syntax) -> Node:
         name, args = t.value, t.args
         if name in REDUCTIONS and len(args) == 2 and args[1].kind == "name" and args[1].value in self.dims:
-            reduced = reduce(REDUCTIONS[name], self.number(args[0]), args[1].value)
-            return make("div", reduced, dim(args[1].value)) if name == "mean" else reduced
+            if name == "mean":
+                return mean(self.number(args[0]), args[1].value)
+            return reduce(REDUCTIONS[name], self.number(args[0]), args[1].value)
         if name in ("sum", "mean") or (name in REDUCTIONS and len(args) == 2 and args[1].kind == "name"
                                        and args[1].value not in self.env and args[1].value not in NAMED_CONSTANTS):
             dims = ", ".join(sorted(self.dims)) or "none"
