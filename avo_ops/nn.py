@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import _C
+from . import _generated as _ops  # the functional API: its calls cost the least host time
 
 __all__ = ["LayerNorm", "RMSNorm", "GELU", "SiLU", "Softmax", "SwishLayerNorm", "ChannelNorm"]
 
@@ -102,7 +103,7 @@ class LayerNorm(_AvoModule, nn.LayerNorm):
     def forward(self, x: Tensor) -> Tensor:
         reason = _norm_reason(self.normalized_shape, x, self.weight, self.bias)
         if reason is None:
-            return torch.ops.avo.layernorm(x, self.weight, self.bias, self.eps)
+            return _ops.layernorm(x, self.weight, self.bias, self.eps)
         return self._fallback(reason, x, super().forward)
 
 
@@ -114,7 +115,7 @@ class RMSNorm(_AvoModule, nn.RMSNorm):
         reason = _norm_reason(self.normalized_shape, x, self.weight)
         if reason is None:
             eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
-            return torch.ops.avo.rmsnorm(x, self.weight, eps)
+            return _ops.rmsnorm(x, self.weight, eps)
         return self._fallback(reason, x, super().forward)
 
 
@@ -124,7 +125,7 @@ class GELU(_AvoModule, nn.GELU):
     def forward(self, x: Tensor) -> Tensor:
         reason = _uncovered(x)
         if reason is None:
-            return torch.ops.avo.gelu(x, self.approximate)
+            return _ops.gelu(x, self.approximate)
         return self._fallback(reason, x, super().forward)
 
 
@@ -134,7 +135,7 @@ class SiLU(_AvoModule, nn.SiLU):
     def forward(self, x: Tensor) -> Tensor:
         reason = "inplace=True (the kernel writes a new tensor)" if self.inplace else _uncovered(x)
         if reason is None:
-            return torch.ops.avo.silu(x)
+            return _ops.silu(x)
         return self._fallback(reason, x, super().forward)
 
 
@@ -149,7 +150,7 @@ class Softmax(_AvoModule, nn.Softmax):
         else:
             reason = _uncovered(x, autocast=True)
         if reason is None:
-            return torch.ops.avo.softmax(x)
+            return _ops.softmax(x)
         return self._fallback(reason, x, super().forward)
 
 
@@ -184,7 +185,7 @@ class SwishLayerNorm(_AvoModule, nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         reason = _norm_reason(self.normalized_shape, x, self.weight, self.bias)
         if reason is None:
-            return torch.ops.avo.swish_layernorm(x, self.weight, self.bias, self.eps)
+            return _ops.swish_layernorm(x, self.weight, self.bias, self.eps)
         return self._fallback(reason, x, self._torch_forward)
 
     def extra_repr(self) -> str:
@@ -224,7 +225,7 @@ class ChannelNorm(_AvoModule, nn.Module):
                              f"got {list(x.shape)}")
         reason = _uncovered(x, self.weight, self.bias, autocast=True)
         if reason is None:
-            return torch.ops.avo.channel_norm(x, self.weight, self.bias, self.eps, self.swish)
+            return _ops.channel_norm(x, self.weight, self.bias, self.eps, self.swish)
         return self._fallback(reason, x, self._torch_forward)
 
     def extra_repr(self) -> str:

@@ -1,6 +1,7 @@
 // The Python module `avo_ops._C`. Importing it runs the static TORCH_LIBRARY
-// registrations of the linked op sources; it exposes built_with_cuda(), and
-// set_row_version() and last_row_version() (for tests and benchmarks).
+// registrations of the linked op sources; it exposes built_with_cuda(),
+// set_row_version() and last_row_version() (for tests and benchmarks), and the ops'
+// entry points for the functional API (generated/python_calls.cpp).
 #include <Python.h>
 
 #include <cstring>
@@ -69,4 +70,12 @@ PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "avo_ops compiled ops", -1, m
 
 }  // namespace
 
-PyMODINIT_FUNC PyInit__C() { return PyModule_Create(&module); }
+namespace avo::python {
+PyMethodDef* op_calls();
+}
+
+PyMODINIT_FUNC PyInit__C() {
+  PyObject* created = PyModule_Create(&module);
+  if (created != nullptr && PyModule_AddFunctions(created, avo::python::op_calls()) < 0) Py_CLEAR(created);
+  return created;
+}

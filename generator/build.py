@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from .emit_autograd import emit_autograd
 from .emit_binding import emit_binding, emit_registration
+from .emit_calls import emit_python_calls
 from .emit_kernels import emit_cpu, emit_cuda, emit_header, emit_math
 from .emit_row import emit_row_cpu, emit_row_cuda, emit_row_header, emit_row_math
 from .emit_python import emit_python, emit_python_index
@@ -62,6 +63,7 @@ def render(schedules: list[OpSchedule], namespace: str = "avo", tunings: list[Ar
         files[os.path.join(PY_DIR, f"{name}.py")] = emit_python(s)
     files[os.path.join(CPP_DIR, "registration.cpp")] = emit_registration(schedules, namespace)
     files[os.path.join(CPP_DIR, "autograd.cpp")] = emit_autograd(schedules, namespace)
+    files[os.path.join(CPP_DIR, "python_calls.cpp")] = emit_python_calls(schedules, namespace)
     files[os.path.join(PY_DIR, "__init__.py")] = emit_python_index(schedules)
     return files
 

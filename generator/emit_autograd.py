@@ -9,24 +9,12 @@ host time per call, more than the whole torch call it replaces on a small tensor
 ops share one file so that the autograd headers are compiled once."""
 from __future__ import annotations
 
-from .emit_binding import CPP_ARG_TYPES, _cpp_params, _return_type
+from .emit_binding import _cpp_params, _return_type, op_handle
 from .emit_kernels import header_comment
-from .schedule import MapKernel, OpSchedule
+from .schedule import OpSchedule
 
 # How an attribute is kept in ctx->saved_data, and read back.
 _SAVED_READ = {"float": "toDouble()", "int": "toInt()", "bool": "toBool()", "str": "toStringRef()"}
-
-
-def _signature(kernel: MapKernel, saving: bool = False) -> str:
-    """The C++ function type of the op, for Dispatcher::typed."""
-    params = [f"const std::optional<at::Tensor>&" if i.optional else "const at::Tensor&" for i in kernel.inputs]
-    params += [CPP_ARG_TYPES[a.type] for a in kernel.op.attrs]
-    return f"{_return_type(kernel, saving)}({', '.join(params)})"
-
-
-def _op_handle(kernel: MapKernel, saving: bool = False) -> str:
-    return (f'c10::Dispatcher::singleton().findSchemaOrThrow("{kernel.namespace}::{kernel.op_name(saving)}", "")'
-            f".typed<{_signature(kernel, saving)}>()")
 
 
 def _function(s: OpSchedule) -> list[str]:
@@ -61,15 +49,15 @@ def _function(s: OpSchedule) -> list[str]:
              f"namespace {spec.name} {{", "",
              "// The op and its backward, called below autograd (each handle looked up once).",
              f"const auto& forward_op() {{",
-             f"  static const auto op = {_op_handle(fwd)};",
+             f"  static const auto op = {op_handle(fwd)};",
              "  return op;",
              "}", "",
              *([f"const auto& forward_saving_op() {{",
-                f"  static const auto op = {_op_handle(fwd, saving=True)};",
+                f"  static const auto op = {op_handle(fwd, saving=True)};",
                 "  return op;",
                 "}", ""] if saved_values else []),
              f"const auto& backward_op() {{",
-             f"  static const auto op = {_op_handle(bwd)};",
+             f"  static const auto op = {op_handle(bwd)};",
              "  return op;",
              "}", "",
              "class Function : public torch::autograd::Function<Function> {",

@@ -47,6 +47,19 @@ def _return_type(kernel: MapKernel, saving: bool = False) -> str:
     return "std::tuple<" + ", ".join(["at::Tensor"] * count) + ">"
 
 
+def op_signature(kernel: MapKernel, saving: bool = False) -> str:
+    """The C++ function type of the op, for Dispatcher::typed."""
+    params = ["const std::optional<at::Tensor>&" if i.optional else "const at::Tensor&" for i in kernel.inputs]
+    params += [CPP_ARG_TYPES[a.type] for a in kernel.op.attrs]
+    return f"{_return_type(kernel, saving)}({', '.join(params)})"
+
+
+def op_handle(kernel: MapKernel, saving: bool = False) -> str:
+    """The expression that finds the op's typed dispatcher handle."""
+    return (f'c10::Dispatcher::singleton().findSchemaOrThrow("{kernel.namespace}::{kernel.op_name(saving)}", "")'
+            f".typed<{op_signature(kernel, saving)}>()")
+
+
 def impl_name(kernel, device: str, saving: bool = False) -> str:
     return f"{kernel.role}{'_saving' if saving else ''}_{device}_impl"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import textwrap
 
+from .emit_calls import PACKAGE_NAMESPACE
 from .emit_kernels import header_comment
 from .model import Attr
 from .schedule import MapKernel, OpSchedule, RowKernel, _camel, channels_first, returned_outputs
@@ -62,7 +63,8 @@ def emit_python(s: OpSchedule) -> str:
     attr_names = [a.name for a in spec.attrs]
     grad_outputs = [f"grad_{o.name}" for o in spec.outputs]
     lines = [header_comment(spec.path, "#").rstrip("\n"), f'"""The generated glue of {ns}::{name} (see {spec.path})."""',
-             "from __future__ import annotations", "", "import torch", "", "from avo_ops import _runtime", "",
+             "from __future__ import annotations", "", "import torch", "",
+             "from avo_ops import _C, _runtime" if ns == PACKAGE_NAMESPACE else "from avo_ops import _runtime", "",
              f'__all__ = ["{name}", "{cls}"]', "", ""]
     owners = s.gradient_owners
     lines += [line for kernel, saving in s.registrations for line in _fake(kernel, saving, owners)]
@@ -123,7 +125,13 @@ def emit_python(s: OpSchedule) -> str:
     else:
         returns = "a new contiguous tensor of the inputs' broadcast shape and dtype."
     lines += ["", "    Returns:", f"        {outs}: {returns}",
-              '    """', f"    return torch.ops.{ns}.{name}.default({all_inputs})", ""]
+              '    """']
+    if ns == PACKAGE_NAMESPACE:  # avo_ops._C.<op> first (csrc/python_calls.h); torch.compile traces torch.ops
+        lines += ["    if not torch.compiler.is_compiling():",
+                  f"        result = _C.{name}({all_inputs})",
+                  "        if result is not NotImplemented:",
+                  "            return result"]
+    lines += [f"    return torch.ops.{ns}.{name}.default({all_inputs})", ""]
     return "\n".join(lines)
 
 

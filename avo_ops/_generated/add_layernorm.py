@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from avo_ops import _runtime
+from avo_ops import _C, _runtime
 
 __all__ = ["add_layernorm", "AddLayernormFunction"]
 
@@ -60,4 +60,8 @@ def add_layernorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor 
     Returns:
         hidden, y: new contiguous tensors of the inputs' dtype, shaped like the input (per row: without its last dimension).
     """
+    if not torch.compiler.is_compiling():
+        result = _C.add_layernorm(x, residual, weight, bias, eps)
+        if result is not NotImplemented:
+            return result
     return torch.ops.avo.add_layernorm.default(x, residual, weight, bias, eps)

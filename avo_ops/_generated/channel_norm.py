@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from avo_ops import _runtime
+from avo_ops import _C, _runtime
 
 __all__ = ["channel_norm", "ChannelNormFunction"]
 
@@ -62,4 +62,8 @@ def channel_norm(x: torch.Tensor, gamma: torch.Tensor | None = None, beta: torch
     Returns:
         y: new contiguous tensors of the inputs' dtype, shaped like the input (per row: without its last dimension).
     """
+    if not torch.compiler.is_compiling():
+        result = _C.channel_norm(x, gamma, beta, eps, swish)
+        if result is not NotImplemented:
+            return result
     return torch.ops.avo.channel_norm.default(x, gamma, beta, eps, swish)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from avo_ops import _runtime
+from avo_ops import _C, _runtime
 
 __all__ = ["gelu", "GeluFunction"]
 
@@ -56,4 +56,8 @@ def gelu(x: torch.Tensor, approximate: str = 'none') -> torch.Tensor:
     Returns:
         y: a new contiguous tensor of the inputs' broadcast shape and dtype.
     """
+    if not torch.compiler.is_compiling():
+        result = _C.gelu(x, approximate)
+        if result is not NotImplemented:
+            return result
     return torch.ops.avo.gelu.default(x, approximate)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from avo_ops import _runtime
+from avo_ops import _C, _runtime
 
 __all__ = ["log_softmax", "LogSoftmaxFunction"]
 
@@ -54,4 +54,8 @@ def log_softmax(x: torch.Tensor) -> torch.Tensor:
     Returns:
         y: new contiguous tensors of the inputs' dtype, shaped like the input (per row: without its last dimension).
     """
+    if not torch.compiler.is_compiling():
+        result = _C.log_softmax(x)
+        if result is not NotImplemented:
+            return result
     return torch.ops.avo.log_softmax.default(x)

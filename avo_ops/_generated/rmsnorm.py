@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from avo_ops import _runtime
+from avo_ops import _C, _runtime
 
 __all__ = ["rmsnorm", "RmsnormFunction"]
 
@@ -57,4 +57,8 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e
     Returns:
         y: new contiguous tensors of the inputs' dtype, shaped like the input (per row: without its last dimension).
     """
+    if not torch.compiler.is_compiling():
+        result = _C.rmsnorm(x, weight, eps)
+        if result is not NotImplemented:
+            return result
     return torch.ops.avo.rmsnorm.default(x, weight, eps)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from avo_ops import _runtime
+from avo_ops import _C, _runtime
 
 __all__ = ["silu", "SiluFunction"]
 
@@ -51,4 +51,8 @@ def silu(x: torch.Tensor) -> torch.Tensor:
     Returns:
         y: a new contiguous tensor of the inputs' broadcast shape and dtype.
     """
+    if not torch.compiler.is_compiling():
+        result = _C.silu(x)
+        if result is not NotImplemented:
+            return result
     return torch.ops.avo.silu.default(x)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from avo_ops import _runtime
+from avo_ops import _C, _runtime
 
 __all__ = ["swish_layernorm", "SwishLayernormFunction"]
 
@@ -58,4 +58,8 @@ def swish_layernorm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: t
     Returns:
         y: new contiguous tensors of the inputs' dtype, shaped like the input (per row: without its last dimension).
     """
+    if not torch.compiler.is_compiling():
+        result = _C.swish_layernorm(x, weight, bias, eps)
+        if result is not NotImplemented:
+            return result
     return torch.ops.avo.swish_layernorm.default(x, weight, bias, eps)
