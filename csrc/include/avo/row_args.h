@@ -11,7 +11,7 @@
 namespace avo {
 
 // Rows of at least this many elements are "long": their parameter gradients take fewer,
-// larger chunks (csrc/row_binding.h) and their column finish wider blocks (row_cuda.cuh).
+// larger chunks (csrc/row_binding.h).
 constexpr int64_t kLongRow = 32768;
 
 // The tiled version of the GPU backwards with per-column sums (row_cuda.cuh) cuts a row

@@ -37,7 +37,7 @@
 // group, in an order fixed by the launch configuration (itself fixed by the shapes), so
 // results are deterministic. Per-column sums (gradients of [N] parameters) are summed
 // per chunk of rows by one group, rows in order, into fp32 partials; a last kernel adds
-// the chunks' partials in chunk order. No atomics.
+// the chunks' partials in an order fixed by the shapes (column_finish_kernel). No atomics.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -1181,53 +1181,136 @@ __global__ void __launch_bounds__(kGlobalRowThreads) global_row_kernel(const Arg
 #endif
 }
 
-// The column finish: a block of kFinishThreads threads takes `columns` columns of one
-// per-column output, and its threads split the chunks kFinishThreads / columns ways
-// (slices). Short rows leave few columns, so few blocks: 32 columns a block, 32 slices,
-// and each thread keeps many loads in flight (its loop is unrolled 8 times, so it issues
-// 8 loads before it adds them). Long rows have columns to spare: 256 a block and 4
-// slices, so that each block has more loads to overlap than its start and final sum
-// cost (with 32 slices, layernorm's backward at 256x262144 spent 487 us in the finish,
-// a quarter of the copy bandwidth). Summing the chunks in groups first, by blocks of
-// their own, cost the rows of 1024 to 16384 elements 3-10% on the H200.
+// The column finish, one kernel: a block of kFinishThreads threads takes a group of
+// columns of one per-column output. Each thread owns W consecutive columns: W = 4, one
+// 16-byte load per chunk, where the length is a multiple of 4 (every chunk's row of
+// partials then starts 16-byte aligned: the partials start aligned), else W = 1.
+// `across` threads side by side cover across * W columns, and the block's
+// kFinishThreads / across slices split the chunks: slice s adds chunks s, s + slices,
+// ... in order, kFinishBatch loads at a time, all issued before the first is added
+// (unrolled by `#pragma unroll 8` instead, the loop of 16-byte loads tested its end
+// between the loads and added each before it issued the next: one load in flight). The
+// slices' sums then meet in a fixed tree in shared memory, half the slices adding the
+// other half's each step: log2(slices) barriers, where one slice adding all the others'
+// would make 128 dependent shared-memory reads for 128 slices. `across` comes from the
+// length alone (finish_column_threads), so the order of the additions, and the result,
+// depends on the shapes only. Summing the chunks in groups first, by blocks of their
+// own, cost the rows of 1024 to 16384 elements 3-10% on the H200.
 constexpr int kFinishThreads = 1024;
-constexpr int kFinishMaxSlices = 32;
-inline int finish_columns(int64_t length) { return length >= kLongRow ? 256 : kFinishThreads / kFinishMaxSlices; }
+// Loads a finish thread issues before it adds them, each under a test of its own: 7, one
+// for each predicate register. With 8 tests, or 8 loads without tests, the compiler added
+// the first loads of a batch before it issued the last (3 to 6 in flight, not 8).
+constexpr int kFinishBatch = 7;
+constexpr int64_t kFinishBlocks = 256;  // wanted per per-column output: about two per multiprocessor of an H200 (132)
+
+// Threads side by side in a finish block (a power of two): the most that still leave
+// kFinishBlocks blocks per per-column output, and at least a 128-byte line of each chunk
+// row (8 threads of W = 4, a warp of W = 1). Wide rows so get warps that read 512 bytes
+// or more of a chunk row (from 32768 elements with W = 4) and few slices (with 32,
+// layernorm's backward at 256x262144 spent 487 us in the finish, a quarter of the copy
+// bandwidth); short rows (few columns, many chunks) the narrowest blocks and the most
+// slices, since their blocks are few. From the length alone, not the device's
+// multiprocessor count, so that the result bits do not depend on the machine. The finish
+// this replaced (scalar loads, 32 columns and 32 slices below 32768 elements, slice 0 adding
+// the slices' sums in turn) read the partials of bf16 backwards at 2^26 elements at
+// 0.45 TB/s (length 256, 2048 chunks), 1.9 (1024, 2048), 1.1 (4096, 512) and 0.84
+// (16384, 256: the tiled version's) on an H200 copying at 4.2 TB/s.
+inline int finish_column_threads(int64_t length, int width) {
+  const int64_t owners = length / width;  // threads with columns to sum
+  int across = width == 4 ? 8 : 32;
+  while (across < kFinishThreads && owners / (2 * across) >= kFinishBlocks) across *= 2;
+  return across;
+}
+
+// Per-column output k of the call, looked up with constant indices: an index computed at
+// run time into the kernel's parameters (args.outputs) copies them all to the stack.
+template <typename Math, typename Args>
+__device__ __forceinline__ void* column_output_pointer(const Args& args, int k) {
+  void* out = nullptr;
+  AVO_UNROLL
+  for (int j = 0; j < Math::kColumnSums; ++j)
+    if (j == k) out = args.outputs[Math::column_output(j)];
+  return out;
+}
+
+template <int W>
+__device__ __forceinline__ void add_to(Vec<float, W>& sum, const Vec<float, W>& term) {
+  AVO_UNROLL
+  for (int j = 0; j < W; ++j) sum.v[j] += term.v[j];
+}
+
+// W consecutive floats of the partials, through the read-only data cache (no thread of
+// the finish writes them): one 16-byte load for W = 4.
+template <int W>
+__device__ __forceinline__ Vec<float, W> load_partials(const float* p) {
+  if constexpr (W == 4) {
+    return load_vec_readonly<4>(p);
+  } else {
+    static_assert(W == 1, "a finish thread owns 4 columns or 1");
+    return Vec<float, 1>{{load_readonly(p)}};
+  }
+}
+
+// Adds the partials at p, p + step, ..., `count` of them (kFinishBatch at most), to sum
+// in that order, all loads issued before the first add.
+template <int W>
+__device__ __forceinline__ void add_chunks(Vec<float, W>& sum, const float* p, int64_t step, int count) {
+  Vec<float, W> batch[kFinishBatch];
+  AVO_UNROLL
+  for (int i = 0; i < kFinishBatch; ++i)
+    if (i < count) batch[i] = load_partials<W>(p + i * step);
+  AVO_UNROLL
+  for (int i = 0; i < kFinishBatch; ++i)
+    if (i < count) add_to(sum, batch[i]);
+}
 
 // Per-column output blockIdx.y: the partials of each column ([column sums, chunks,
-// length] from args.partials), summed over the chunks. Slice s adds chunks s, s +
-// slices, ... in order, then slice 0 adds the slices' sums in order: a fixed order for
-// given shapes, so the result is deterministic.
-template <typename T, typename Args, typename Math>
-__global__ void __launch_bounds__(kFinishThreads) column_finish_kernel(const Args args, int columns, int64_t chunks) {
-  // A row of `columns` + 1 floats per slice (the +1 keeps the slices' rows in different banks).
-  __shared__ float slice_sums[kFinishThreads + kFinishMaxSlices];
-  const int slices = kFinishThreads / columns;
-  const int k = blockIdx.y, column = threadIdx.x % columns, slice = threadIdx.x / columns;
-  T* out = static_cast<T*>(args.outputs[Math::column_output(k)]);
-  if (out == nullptr) return;  // the same for the whole block
-  const int64_t n = int64_t(blockIdx.x) * columns + column;
-  float total = 0.0f;
-  if (n < args.length) {
-    const float* partial = args.partials + int64_t(k) * chunks * args.length + n;
-#pragma unroll 8
-    for (int64_t c = slice; c < chunks; c += slices) total += partial[c * args.length];
+// length] from args.partials), summed over the chunks. Thread t owns columns
+// (blockIdx.x * across + t % across) * W and on, in slice t / across; its slice's sum
+// lives in slice_sums[t], so the tree adds slot t + stride to slot t. A warp's threads
+// read consecutive 16-byte (or 4-byte) slots there: no bank conflicts without padding.
+// Columns past the length add nothing but reach every barrier.
+template <typename T, typename Args, typename Math, int W>
+__global__ void __launch_bounds__(kFinishThreads) column_finish_kernel(const Args args, int across, int64_t chunks) {
+  __shared__ Vec<float, W> slice_sums[kFinishThreads];
+  T* out = static_cast<T*>(column_output_pointer<Math>(args, blockIdx.y));
+  if (out == nullptr) return;  // the same for the whole block, and before any barrier
+  const int t = threadIdx.x, slices = kFinishThreads / across;
+  const int64_t n = (int64_t(blockIdx.x) * across + t % across) * W;
+  Vec<float, W> sum{};
+  if (n < args.length) {  // then so are the W - 1 columns after it: the length is a multiple of W
+    const int slice = t / across;
+    const int64_t step = int64_t(slices) * args.length;  // from a chunk of the slice to its next
+    const float* p = args.partials + (int64_t(blockIdx.y) * chunks + slice) * args.length + n;
+    for (int64_t left = (chunks - slice + slices - 1) / slices; left > 0; left -= kFinishBatch, p += kFinishBatch * step)
+      add_chunks<W>(sum, p, step, left < kFinishBatch ? int(left) : kFinishBatch);
   }
-  slice_sums[slice * (columns + 1) + column] = total;
-  __syncthreads();
-  if (slice != 0 || n >= args.length) return;
-  float sum = slice_sums[column];
-  for (int s = 1; s < slices; ++s) sum += slice_sums[s * (columns + 1) + column];
-  out[n] = Element<T>::from_float(sum);
+  slice_sums[t] = sum;
+  for (int stride = kFinishThreads / 2; stride >= across; stride /= 2) {
+    __syncthreads();
+    if (t < stride) {
+      add_to(sum, slice_sums[t + stride]);
+      if (stride > across) slice_sums[t] = sum;  // read by the next step; after the last, slice 0 holds the totals
+    }
+  }
+  if (t < across && n < args.length) {
+    AVO_UNROLL
+    for (int j = 0; j < W; ++j) out[n + j] = Element<T>::from_float(sum.v[j]);
+  }
 }
 
 // The per-column outputs from the partials of `chunks` chunks (args.chunks, or the tiled
 // version's fewer).
 template <typename T, typename Args, typename Math>
 void launch_column_finish(const Args& args, int64_t chunks, cudaStream_t stream) {
-  const int columns = finish_columns(args.length);
+  const int width = args.length % 4 == 0 ? 4 : 1;
+  const int across = finish_column_threads(args.length, width);
+  const int64_t columns = int64_t(across) * width;
   const dim3 blocks(unsigned((args.length + columns - 1) / columns), Math::kColumnSums);
-  column_finish_kernel<T, Args, Math><<<blocks, kFinishThreads, 0, stream>>>(args, columns, chunks);
+  if (width == 4)
+    column_finish_kernel<T, Args, Math, 4><<<blocks, kFinishThreads, 0, stream>>>(args, across, chunks);
+  else
+    column_finish_kernel<T, Args, Math, 1><<<blocks, kFinishThreads, 0, stream>>>(args, across, chunks);
 }
 
 // True when every per-element and per-column tensor of the call starts `bytes`-aligned.
