@@ -1201,12 +1201,15 @@ constexpr int kFinishThreads = 1024;
 // for each predicate register. With 8 tests, or 8 loads without tests, the compiler added
 // the first loads of a batch before it issued the last (3 to 6 in flight, not 8).
 constexpr int kFinishBatch = 7;
-constexpr int64_t kFinishBlocks = 256;  // wanted per per-column output: about two per multiprocessor of an H200 (132)
+// Blocks wanted per per-column output: about one per multiprocessor of an H200 (132), where
+// a block of 16-byte loads fits once. Against 256 (narrower blocks), rows of 16384 and more
+// gained 0.5-1.5% on the H200.
+constexpr int64_t kFinishBlocks = 128;
 
 // Threads side by side in a finish block (a power of two): the most that still leave
 // kFinishBlocks blocks per per-column output, and at least a 128-byte line of each chunk
 // row (8 threads of W = 4, a warp of W = 1). Wide rows so get warps that read 512 bytes
-// or more of a chunk row (from 32768 elements with W = 4) and few slices (with 32,
+// or more of a chunk row (from 16384 elements with W = 4) and few slices (with 32,
 // layernorm's backward at 256x262144 spent 487 us in the finish, a quarter of the copy
 // bandwidth); short rows (few columns, many chunks) the narrowest blocks and the most
 // slices, since their blocks are few. From the length alone, not the device's
@@ -1214,7 +1217,8 @@ constexpr int64_t kFinishBlocks = 256;  // wanted per per-column output: about t
 // this replaced (scalar loads, 32 columns and 32 slices below 32768 elements, slice 0 adding
 // the slices' sums in turn) read the partials of bf16 backwards at 2^26 elements at
 // 0.45 TB/s (length 256, 2048 chunks), 1.9 (1024, 2048), 1.1 (4096, 512) and 0.84
-// (16384, 256: the tiled version's) on an H200 copying at 4.2 TB/s.
+// (16384, 256: the tiled version's) on an H200 copying at 4.2 TB/s; this one at 0.67,
+// 3.1, 2.4 and 2.5 TB/s.
 inline int finish_column_threads(int64_t length, int width) {
   const int64_t owners = length / width;  // threads with columns to sum
   int across = width == 4 ? 8 : 32;
