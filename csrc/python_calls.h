@@ -1,5 +1,5 @@
-// What the Python entry points of the ops (avo_ops._C.<op>, generated in
-// csrc/generated/python_calls.cpp) share: reading their arguments and returning results.
+// The Python entry points of the ops (avo_ops._C.<op>; csrc/generated/python_calls.cpp
+// lists them): reading the arguments against the op's C++ signature, the call and its result.
 //
 // The functional API (avo_ops.<op>) calls them instead of torch.ops.avo.<op>. That path,
 // torch's OpOverloadPacket and OpOverload in Python, then the parsing of the arguments
@@ -22,6 +22,7 @@
 
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/string_view.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -111,20 +112,63 @@ PyObject* wrap(std::tuple<Tensors...>&& tensors) {
   return tuple;
 }
 
-// Calls the op with the GIL released, as torch's own bindings do (other Python threads
-// run meanwhile; a Python kernel the dispatcher reaches takes the GIL back), and wraps
-// its result. A C++ exception leaves with the GIL held again, for HANDLE_TH_ERRORS.
-template <typename Op, typename... Args>
-PyObject* call_op(const Op& op, const Args&... args) {
+// How a parameter of the op's C++ signature is read from Python (into Stored, with
+// read_argument) and handed to the op (pass).
+template <typename Param>
+struct Argument {
+  using Stored = Param;  // double, bool, int64_t, c10::string_view
+  static Param pass(const Stored& value) { return value; }
+};
+template <>
+struct Argument<const at::Tensor&> {
+  using Stored = const at::Tensor*;
+  static const at::Tensor& pass(Stored value) { return *value; }
+};
+template <>
+struct Argument<const std::optional<at::Tensor>&> {
+  using Stored = std::optional<at::Tensor>;
+  static const Stored& pass(const Stored& value) { return value; }
+};
+
+// Reads the arguments against the op's signature, calls it with the GIL released, as
+// torch's own bindings do (other Python threads run meanwhile; a Python kernel the
+// dispatcher reaches takes the GIL back), and wraps its result. NotImplemented where the
+// arguments are not all plain.
+template <typename Return, typename... Params, size_t... I>
+PyObject* call_op(const c10::TypedOperatorHandle<Return(Params...)>& op, PyObject* const* args,
+                  std::index_sequence<I...>) {
+  std::tuple<typename Argument<Params>::Stored...> stored;
+  if (!(read_argument(args[I], std::get<I>(stored)) && ...)) Py_RETURN_NOTIMPLEMENTED;
   struct ReleasedGil {
     PyThreadState* state = PyEval_SaveThread();
-    ~ReleasedGil() { PyEval_RestoreThread(state); }
+    ~ReleasedGil() { PyEval_RestoreThread(state); }  // also when the op throws, for HANDLE_TH_ERRORS
   };
   auto result = [&] {
     const ReleasedGil released;
-    return op.call(args...);
+    return op.call(Argument<Params>::pass(std::get<I>(stored))...);
   }();
   return wrap(std::move(result));
+}
+
+template <typename Return, typename... Params>
+PyObject* call_op(const c10::TypedOperatorHandle<Return(Params...)>& op, PyObject* const* args, Py_ssize_t count) {
+  if (count != Py_ssize_t(sizeof...(Params)) || !plain_call()) Py_RETURN_NOTIMPLEMENTED;
+  return call_op(op, args, std::index_sequence_for<Params...>{});
+}
+
+// The METH_FASTCALL entry point of the op whose typed handle Handle() returns.
+template <auto Handle>
+PyObject* entry_point(PyObject*, PyObject* const* args, Py_ssize_t count) {
+  HANDLE_TH_ERRORS
+  return call_op(Handle(), args, count);
+  END_HANDLE_TH_ERRORS
+}
+
+// entry_point<Handle> as a PyMethodDef takes it (METH_FASTCALL: the arguments arrive as an
+// array, without a tuple built for them).
+template <auto Handle>
+PyCFunction entry_point_method() {
+  return reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&entry_point<Handle>));
 }
 
 }  // namespace avo::python

@@ -8,188 +8,78 @@
 namespace avo::python {
 namespace {
 
-// specs/add_layernorm.yaml: avo_ops._C.add_layernorm(x, residual, weight, bias, eps)
-PyObject* add_layernorm(PyObject*, PyObject* const* args, Py_ssize_t count) {
-  HANDLE_TH_ERRORS
+// The typed handle of each op (looked up once).
+const auto& add_layernorm_op() {
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_layernorm", "").typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
-  const at::Tensor* x = nullptr;
-  const at::Tensor* residual = nullptr;
-  std::optional<at::Tensor> weight;
-  std::optional<at::Tensor> bias;
-  double eps{};
-  if (count != 5 ||
-      !plain_call() ||
-      !read_argument(args[0], x) ||
-      !read_argument(args[1], residual) ||
-      !read_argument(args[2], weight) ||
-      !read_argument(args[3], bias) ||
-      !read_argument(args[4], eps))
-    Py_RETURN_NOTIMPLEMENTED;
-  return call_op(op, *x, *residual, weight, bias, eps);
-  END_HANDLE_TH_ERRORS
+  return op;
 }
 
-// specs/add_rmsnorm.yaml: avo_ops._C.add_rmsnorm(x, residual, weight, eps)
-PyObject* add_rmsnorm(PyObject*, PyObject* const* args, Py_ssize_t count) {
-  HANDLE_TH_ERRORS
+const auto& add_rmsnorm_op() {
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::add_rmsnorm", "").typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double)>();
-  const at::Tensor* x = nullptr;
-  const at::Tensor* residual = nullptr;
-  std::optional<at::Tensor> weight;
-  double eps{};
-  if (count != 4 ||
-      !plain_call() ||
-      !read_argument(args[0], x) ||
-      !read_argument(args[1], residual) ||
-      !read_argument(args[2], weight) ||
-      !read_argument(args[3], eps))
-    Py_RETURN_NOTIMPLEMENTED;
-  return call_op(op, *x, *residual, weight, eps);
-  END_HANDLE_TH_ERRORS
+  return op;
 }
 
-// specs/channel_norm.yaml: avo_ops._C.channel_norm(x, gamma, beta, eps, swish)
-PyObject* channel_norm(PyObject*, PyObject* const* args, Py_ssize_t count) {
-  HANDLE_TH_ERRORS
+const auto& channel_norm_op() {
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::channel_norm", "").typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double, bool)>();
-  const at::Tensor* x = nullptr;
-  std::optional<at::Tensor> gamma;
-  std::optional<at::Tensor> beta;
-  double eps{};
-  bool swish{};
-  if (count != 5 ||
-      !plain_call() ||
-      !read_argument(args[0], x) ||
-      !read_argument(args[1], gamma) ||
-      !read_argument(args[2], beta) ||
-      !read_argument(args[3], eps) ||
-      !read_argument(args[4], swish))
-    Py_RETURN_NOTIMPLEMENTED;
-  return call_op(op, *x, gamma, beta, eps, swish);
-  END_HANDLE_TH_ERRORS
+  return op;
 }
 
-// specs/gelu.yaml: avo_ops._C.gelu(x, approximate)
-PyObject* gelu(PyObject*, PyObject* const* args, Py_ssize_t count) {
-  HANDLE_TH_ERRORS
+const auto& gelu_op() {
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::gelu", "").typed<at::Tensor(const at::Tensor&, c10::string_view)>();
-  const at::Tensor* x = nullptr;
-  c10::string_view approximate{};
-  if (count != 2 ||
-      !plain_call() ||
-      !read_argument(args[0], x) ||
-      !read_argument(args[1], approximate))
-    Py_RETURN_NOTIMPLEMENTED;
-  return call_op(op, *x, approximate);
-  END_HANDLE_TH_ERRORS
+  return op;
 }
 
-// specs/layernorm.yaml: avo_ops._C.layernorm(x, weight, bias, eps)
-PyObject* layernorm(PyObject*, PyObject* const* args, Py_ssize_t count) {
-  HANDLE_TH_ERRORS
+const auto& layernorm_op() {
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::layernorm", "").typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
-  const at::Tensor* x = nullptr;
-  std::optional<at::Tensor> weight;
-  std::optional<at::Tensor> bias;
-  double eps{};
-  if (count != 4 ||
-      !plain_call() ||
-      !read_argument(args[0], x) ||
-      !read_argument(args[1], weight) ||
-      !read_argument(args[2], bias) ||
-      !read_argument(args[3], eps))
-    Py_RETURN_NOTIMPLEMENTED;
-  return call_op(op, *x, weight, bias, eps);
-  END_HANDLE_TH_ERRORS
+  return op;
 }
 
-// specs/log_softmax.yaml: avo_ops._C.log_softmax(x)
-PyObject* log_softmax(PyObject*, PyObject* const* args, Py_ssize_t count) {
-  HANDLE_TH_ERRORS
+const auto& log_softmax_op() {
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::log_softmax", "").typed<at::Tensor(const at::Tensor&)>();
-  const at::Tensor* x = nullptr;
-  if (count != 1 ||
-      !plain_call() ||
-      !read_argument(args[0], x))
-    Py_RETURN_NOTIMPLEMENTED;
-  return call_op(op, *x);
-  END_HANDLE_TH_ERRORS
+  return op;
 }
 
-// specs/rmsnorm.yaml: avo_ops._C.rmsnorm(x, weight, eps)
-PyObject* rmsnorm(PyObject*, PyObject* const* args, Py_ssize_t count) {
-  HANDLE_TH_ERRORS
+const auto& rmsnorm_op() {
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::rmsnorm", "").typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, double)>();
-  const at::Tensor* x = nullptr;
-  std::optional<at::Tensor> weight;
-  double eps{};
-  if (count != 3 ||
-      !plain_call() ||
-      !read_argument(args[0], x) ||
-      !read_argument(args[1], weight) ||
-      !read_argument(args[2], eps))
-    Py_RETURN_NOTIMPLEMENTED;
-  return call_op(op, *x, weight, eps);
-  END_HANDLE_TH_ERRORS
+  return op;
 }
 
-// specs/silu.yaml: avo_ops._C.silu(x)
-PyObject* silu(PyObject*, PyObject* const* args, Py_ssize_t count) {
-  HANDLE_TH_ERRORS
+const auto& silu_op() {
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::silu", "").typed<at::Tensor(const at::Tensor&)>();
-  const at::Tensor* x = nullptr;
-  if (count != 1 ||
-      !plain_call() ||
-      !read_argument(args[0], x))
-    Py_RETURN_NOTIMPLEMENTED;
-  return call_op(op, *x);
-  END_HANDLE_TH_ERRORS
+  return op;
 }
 
-// specs/softmax.yaml: avo_ops._C.softmax(x)
-PyObject* softmax(PyObject*, PyObject* const* args, Py_ssize_t count) {
-  HANDLE_TH_ERRORS
+const auto& softmax_op() {
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::softmax", "").typed<at::Tensor(const at::Tensor&)>();
-  const at::Tensor* x = nullptr;
-  if (count != 1 ||
-      !plain_call() ||
-      !read_argument(args[0], x))
-    Py_RETURN_NOTIMPLEMENTED;
-  return call_op(op, *x);
-  END_HANDLE_TH_ERRORS
+  return op;
 }
 
-// specs/swish_layernorm.yaml: avo_ops._C.swish_layernorm(x, weight, bias, eps)
-PyObject* swish_layernorm(PyObject*, PyObject* const* args, Py_ssize_t count) {
-  HANDLE_TH_ERRORS
+const auto& swish_layernorm_op() {
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::swish_layernorm", "").typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double)>();
-  const at::Tensor* x = nullptr;
-  std::optional<at::Tensor> weight;
-  std::optional<at::Tensor> bias;
-  double eps{};
-  if (count != 4 ||
-      !plain_call() ||
-      !read_argument(args[0], x) ||
-      !read_argument(args[1], weight) ||
-      !read_argument(args[2], bias) ||
-      !read_argument(args[3], eps))
-    Py_RETURN_NOTIMPLEMENTED;
-  return call_op(op, *x, weight, bias, eps);
-  END_HANDLE_TH_ERRORS
+  return op;
 }
 
-// METH_FASTCALL: the arguments arrive as an array, without a tuple built for them.
 PyMethodDef op_call_methods[] = {
-    {"add_layernorm", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&add_layernorm)), METH_FASTCALL, "avo::add_layernorm with every argument given, in order; NotImplemented for arguments that only torch.ops.avo.add_layernorm takes."},
-    {"add_rmsnorm", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&add_rmsnorm)), METH_FASTCALL, "avo::add_rmsnorm with every argument given, in order; NotImplemented for arguments that only torch.ops.avo.add_rmsnorm takes."},
-    {"channel_norm", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&channel_norm)), METH_FASTCALL, "avo::channel_norm with every argument given, in order; NotImplemented for arguments that only torch.ops.avo.channel_norm takes."},
-    {"gelu", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&gelu)), METH_FASTCALL, "avo::gelu with every argument given, in order; NotImplemented for arguments that only torch.ops.avo.gelu takes."},
-    {"layernorm", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&layernorm)), METH_FASTCALL, "avo::layernorm with every argument given, in order; NotImplemented for arguments that only torch.ops.avo.layernorm takes."},
-    {"log_softmax", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&log_softmax)), METH_FASTCALL, "avo::log_softmax with every argument given, in order; NotImplemented for arguments that only torch.ops.avo.log_softmax takes."},
-    {"rmsnorm", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&rmsnorm)), METH_FASTCALL, "avo::rmsnorm with every argument given, in order; NotImplemented for arguments that only torch.ops.avo.rmsnorm takes."},
-    {"silu", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&silu)), METH_FASTCALL, "avo::silu with every argument given, in order; NotImplemented for arguments that only torch.ops.avo.silu takes."},
-    {"softmax", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&softmax)), METH_FASTCALL, "avo::softmax with every argument given, in order; NotImplemented for arguments that only torch.ops.avo.softmax takes."},
-    {"swish_layernorm", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&swish_layernorm)), METH_FASTCALL, "avo::swish_layernorm with every argument given, in order; NotImplemented for arguments that only torch.ops.avo.swish_layernorm takes."},
+    {"add_layernorm", entry_point_method<&add_layernorm_op>(), METH_FASTCALL,
+     "avo::add_layernorm(x, residual, weight, bias, eps), every argument given in order; NotImplemented for arguments that only torch.ops.avo.add_layernorm takes."},
+    {"add_rmsnorm", entry_point_method<&add_rmsnorm_op>(), METH_FASTCALL,
+     "avo::add_rmsnorm(x, residual, weight, eps), every argument given in order; NotImplemented for arguments that only torch.ops.avo.add_rmsnorm takes."},
+    {"channel_norm", entry_point_method<&channel_norm_op>(), METH_FASTCALL,
+     "avo::channel_norm(x, gamma, beta, eps, swish), every argument given in order; NotImplemented for arguments that only torch.ops.avo.channel_norm takes."},
+    {"gelu", entry_point_method<&gelu_op>(), METH_FASTCALL,
+     "avo::gelu(x, approximate), every argument given in order; NotImplemented for arguments that only torch.ops.avo.gelu takes."},
+    {"layernorm", entry_point_method<&layernorm_op>(), METH_FASTCALL,
+     "avo::layernorm(x, weight, bias, eps), every argument given in order; NotImplemented for arguments that only torch.ops.avo.layernorm takes."},
+    {"log_softmax", entry_point_method<&log_softmax_op>(), METH_FASTCALL,
+     "avo::log_softmax(x), every argument given in order; NotImplemented for arguments that only torch.ops.avo.log_softmax takes."},
+    {"rmsnorm", entry_point_method<&rmsnorm_op>(), METH_FASTCALL,
+     "avo::rmsnorm(x, weight, eps), every argument given in order; NotImplemented for arguments that only torch.ops.avo.rmsnorm takes."},
+    {"silu", entry_point_method<&silu_op>(), METH_FASTCALL,
+     "avo::silu(x), every argument given in order; NotImplemented for arguments that only torch.ops.avo.silu takes."},
+    {"softmax", entry_point_method<&softmax_op>(), METH_FASTCALL,
+     "avo::softmax(x), every argument given in order; NotImplemented for arguments that only torch.ops.avo.softmax takes."},
+    {"swish_layernorm", entry_point_method<&swish_layernorm_op>(), METH_FASTCALL,
+     "avo::swish_layernorm(x, weight, bias, eps), every argument given in order; NotImplemented for arguments that only torch.ops.avo.swish_layernorm takes."},
     {nullptr, nullptr, 0, nullptr},
 };
 
