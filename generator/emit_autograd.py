@@ -95,21 +95,24 @@ def _function(s: OpSchedule) -> list[str]:
         body = [f"  const torch::autograd::variable_list outputs = {first};",
                 "  return {" + ", ".join(f"outputs[{k}]" for k in range(outputs)) + "};"]
     tensors = ", ".join(i.name for i in fwd.inputs)
-    lines += [f"{_return_type(fwd)} autograd_kernel({_cpp_params(fwd)}) {{",
+    # Without a graph to record, the kernel passes the call on to the keys below autograd
+    # (redispatch, as torch's own autograd kernels do) instead of dispatching it again from
+    # the start; the guard keeps the ops the kernel calls below autograd too.
+    lines += [f"{_return_type(fwd)} autograd_kernel(c10::DispatchKeySet keys, {_cpp_params(fwd)}) {{",
               f"  if (!avo::autograd::needs_grad({tensors})) {{  // no graph to record",
               "    at::AutoDispatchBelowADInplaceOrView below_autograd;",
-              f"    return forward_op().call({arg_names});",
+              f"    return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, {arg_names});",
               "  }", *body, "}", ""]
     backward_args = ", ".join([i.name for i in bwd.inputs] + [a.name for a in attrs])
     backward_tensors = ", ".join(i.name for i in bwd.inputs)
     lines += ["// The backward has no derivative of its own: a call that would record a graph (a double",
               "// backward, create_graph=True) raises, where torch's fallback would warn and let no",
               "// second derivative reach the inputs.",
-              f"{_return_type(bwd)} backward_autograd_kernel({_cpp_params(bwd)}) {{",
+              f"{_return_type(bwd)} backward_autograd_kernel(c10::DispatchKeySet keys, {_cpp_params(bwd)}) {{",
               f"  TORCH_CHECK(!avo::autograd::needs_grad({backward_tensors}), \"{bwd.qualified_name} is not differentiable: \"",
               f"              \"{fwd.qualified_name} has first derivatives only (no double backward, no create_graph=True)\");",
               "  at::AutoDispatchBelowADInplaceOrView below_autograd;",
-              f"  return backward_op().call({backward_args});",
+              f"  return backward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, {backward_args});",
               "}", ""]
     if saved_values:
         saving_name = f"{fwd.namespace}::{fwd.op_name(saving=True)}"

@@ -533,7 +533,7 @@ def _tuning_rows(s: OpSchedule, kernel: RowKernel, tunings: list[ArchTuning]) ->
 
 def _dispatch_table(s: OpSchedule, tunings: list[ArchTuning]) -> list[str]:
     """The row-version dispatch of both kernels: a readable table, then the arrays the
-    launchers pass to avo::row_thresholds."""
+    launchers pass to avo::launch_row_op."""
     kernels = [(k, _tuning_rows(s, k, tunings)) for k in (s.forward, s.backward)]
     width = max(len(gpu) for _, rows in kernels for gpu, _, _ in rows)
     lines = [
@@ -575,7 +575,7 @@ def emit_row_cuda(s: OpSchedule, tunings: list[ArchTuning] = ()) -> str:
     lines += entry_points(
         s, "cuda", "cudaStream_t stream", "__half, __nv_bfloat16",
         lambda k, init: f"avo::launch_row_op<T, {k.args_type}>(args, {init}, "
-                        f"avo::row_thresholds<T>(k{k.role.capitalize()}Tuning), stream);")
+                        f"k{k.role.capitalize()}Tuning, stream);")
     lines += [f"}}  // namespace avo::ops::{spec.name}", ""]
     return "\n".join(lines)
 

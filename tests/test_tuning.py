@@ -43,7 +43,7 @@ def test_without_tuning_files_every_gpu_gets_the_default(tmp_path):
     assert "//   | backward | any other GPU | tiled     |    never |    never |    never |" in cu
     never = "{avo::kNever, avo::kNever, avo::kNever}"
     assert f"{{0, {never}, {never}, {never}, {never}}}," in cu
-    assert "avo::row_thresholds<T>(kForwardTuning)" in cu and "avo::row_thresholds<T>(kBackwardTuning)" in cu
+    assert "(args, ForwardMath{}, kForwardTuning, stream)" in cu and "kBackwardTuning, stream)" in cu
 
 
 def test_a_tuning_file_sets_the_thresholds_of_its_arch(tmp_path):

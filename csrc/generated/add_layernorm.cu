@@ -45,14 +45,14 @@ constexpr avo::RowTuning kBackwardTuning[] = {
 void forward_cuda(avo::DType dtype, const ForwardArgs& args, float eps, cudaStream_t stream) {
   avo::visit_dtype<__half, __nv_bfloat16>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    avo::launch_row_op<T, ForwardArgs>(args, ForwardMath{eps}, avo::row_thresholds<T>(kForwardTuning), stream);
+    avo::launch_row_op<T, ForwardArgs>(args, ForwardMath{eps}, kForwardTuning, stream);
   });
 }
 
 void backward_cuda(avo::DType dtype, const BackwardArgs& args, float eps, cudaStream_t stream) {
   avo::visit_dtype<__half, __nv_bfloat16>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    avo::launch_row_op<T, BackwardArgs>(args, BackwardMath{eps}, avo::row_thresholds<T>(kBackwardTuning), stream);
+    avo::launch_row_op<T, BackwardArgs>(args, BackwardMath{eps}, kBackwardTuning, stream);
   });
 }
 

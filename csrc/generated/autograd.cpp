@@ -76,10 +76,10 @@ class Function : public torch::autograd::Function<Function> {
   }
 };
 
-std::tuple<at::Tensor, at::Tensor> autograd_kernel(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+std::tuple<at::Tensor, at::Tensor> autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
   if (!avo::autograd::needs_grad(x, residual, weight, bias)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return forward_op().call(x, residual, weight, bias, eps);
+    return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x, residual, weight, bias, eps);
   }
   const torch::autograd::variable_list outputs = Function::apply(x, residual, weight, bias, eps);
   return {outputs[0], outputs[1]};
@@ -88,11 +88,11 @@ std::tuple<at::Tensor, at::Tensor> autograd_kernel(const at::Tensor& x, const at
 // The backward has no derivative of its own: a call that would record a graph (a double
 // backward, create_graph=True) raises, where torch's fallback would warn and let no
 // second derivative reach the inputs.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& hidden, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& hidden, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
   TORCH_CHECK(!avo::autograd::needs_grad(grad_hidden, grad_y, mu, rstd, hidden, weight, bias), "avo::add_layernorm_backward is not differentiable: "
               "avo::add_layernorm has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return backward_op().call(grad_hidden, grad_y, mu, rstd, hidden, weight, bias, eps);
+  return backward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, grad_hidden, grad_y, mu, rstd, hidden, weight, bias, eps);
 }
 
 // Likewise the forward that returns the saved values: the autograd kernel above calls it
@@ -143,10 +143,10 @@ class Function : public torch::autograd::Function<Function> {
   }
 };
 
-std::tuple<at::Tensor, at::Tensor> autograd_kernel(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
+std::tuple<at::Tensor, at::Tensor> autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
   if (!avo::autograd::needs_grad(x, residual, weight)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return forward_op().call(x, residual, weight, eps);
+    return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x, residual, weight, eps);
   }
   const torch::autograd::variable_list outputs = Function::apply(x, residual, weight, eps);
   return {outputs[0], outputs[1]};
@@ -155,11 +155,11 @@ std::tuple<at::Tensor, at::Tensor> autograd_kernel(const at::Tensor& x, const at
 // The backward has no derivative of its own: a call that would record a graph (a double
 // backward, create_graph=True) raises, where torch's fallback would warn and let no
 // second derivative reach the inputs.
-std::tuple<at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& rrms, const at::Tensor& hidden, const std::optional<at::Tensor>& weight, double eps) {
+std::tuple<at::Tensor, at::Tensor> backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& rrms, const at::Tensor& hidden, const std::optional<at::Tensor>& weight, double eps) {
   TORCH_CHECK(!avo::autograd::needs_grad(grad_hidden, grad_y, rrms, hidden, weight), "avo::add_rmsnorm_backward is not differentiable: "
               "avo::add_rmsnorm has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return backward_op().call(grad_hidden, grad_y, rrms, hidden, weight, eps);
+  return backward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, grad_hidden, grad_y, rrms, hidden, weight, eps);
 }
 
 // Likewise the forward that returns the saved values: the autograd kernel above calls it
@@ -211,10 +211,10 @@ class Function : public torch::autograd::Function<Function> {
   }
 };
 
-at::Tensor autograd_kernel(const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
+at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
   if (!avo::autograd::needs_grad(x, gamma, beta)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return forward_op().call(x, gamma, beta, eps, swish);
+    return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x, gamma, beta, eps, swish);
   }
   return Function::apply(x, gamma, beta, eps, swish)[0];
 }
@@ -222,11 +222,11 @@ at::Tensor autograd_kernel(const at::Tensor& x, const std::optional<at::Tensor>&
 // The backward has no derivative of its own: a call that would record a graph (a double
 // backward, create_graph=True) raises, where torch's fallback would warn and let no
 // second derivative reach the inputs.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
   TORCH_CHECK(!avo::autograd::needs_grad(grad_y, mu, rstd, x, gamma, beta), "avo::channel_norm_backward is not differentiable: "
               "avo::channel_norm has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return backward_op().call(grad_y, mu, rstd, x, gamma, beta, eps, swish);
+  return backward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, grad_y, mu, rstd, x, gamma, beta, eps, swish);
 }
 
 // Likewise the forward that returns the saved values: the autograd kernel above calls it
@@ -271,10 +271,10 @@ class Function : public torch::autograd::Function<Function> {
   }
 };
 
-at::Tensor autograd_kernel(const at::Tensor& x, c10::string_view approximate) {
+at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x, c10::string_view approximate) {
   if (!avo::autograd::needs_grad(x)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return forward_op().call(x, approximate);
+    return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x, approximate);
   }
   return Function::apply(x, approximate)[0];
 }
@@ -282,11 +282,11 @@ at::Tensor autograd_kernel(const at::Tensor& x, c10::string_view approximate) {
 // The backward has no derivative of its own: a call that would record a graph (a double
 // backward, create_graph=True) raises, where torch's fallback would warn and let no
 // second derivative reach the inputs.
-at::Tensor backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& x, c10::string_view approximate) {
+at::Tensor backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& x, c10::string_view approximate) {
   TORCH_CHECK(!avo::autograd::needs_grad(grad_y, x), "avo::gelu_backward is not differentiable: "
               "avo::gelu has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return backward_op().call(grad_y, x, approximate);
+  return backward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, grad_y, x, approximate);
 }
 
 }  // namespace gelu
@@ -328,10 +328,10 @@ class Function : public torch::autograd::Function<Function> {
   }
 };
 
-at::Tensor autograd_kernel(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
   if (!avo::autograd::needs_grad(x, weight, bias)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return forward_op().call(x, weight, bias, eps);
+    return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x, weight, bias, eps);
   }
   return Function::apply(x, weight, bias, eps)[0];
 }
@@ -339,11 +339,11 @@ at::Tensor autograd_kernel(const at::Tensor& x, const std::optional<at::Tensor>&
 // The backward has no derivative of its own: a call that would record a graph (a double
 // backward, create_graph=True) raises, where torch's fallback would warn and let no
 // second derivative reach the inputs.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
   TORCH_CHECK(!avo::autograd::needs_grad(grad_y, mu, rstd, x, weight, bias), "avo::layernorm_backward is not differentiable: "
               "avo::layernorm has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return backward_op().call(grad_y, mu, rstd, x, weight, bias, eps);
+  return backward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, grad_y, mu, rstd, x, weight, bias, eps);
 }
 
 // Likewise the forward that returns the saved values: the autograd kernel above calls it
@@ -393,10 +393,10 @@ class Function : public torch::autograd::Function<Function> {
   }
 };
 
-at::Tensor autograd_kernel(const at::Tensor& x) {
+at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x) {
   if (!avo::autograd::needs_grad(x)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return forward_op().call(x);
+    return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x);
   }
   return Function::apply(x)[0];
 }
@@ -404,11 +404,11 @@ at::Tensor autograd_kernel(const at::Tensor& x) {
 // The backward has no derivative of its own: a call that would record a graph (a double
 // backward, create_graph=True) raises, where torch's fallback would warn and let no
 // second derivative reach the inputs.
-at::Tensor backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& saved_0, const at::Tensor& total, const at::Tensor& x) {
+at::Tensor backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& saved_0, const at::Tensor& total, const at::Tensor& x) {
   TORCH_CHECK(!avo::autograd::needs_grad(grad_y, saved_0, total, x), "avo::log_softmax_backward is not differentiable: "
               "avo::log_softmax has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return backward_op().call(grad_y, saved_0, total, x);
+  return backward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, grad_y, saved_0, total, x);
 }
 
 // Likewise the forward that returns the saved values: the autograd kernel above calls it
@@ -459,10 +459,10 @@ class Function : public torch::autograd::Function<Function> {
   }
 };
 
-at::Tensor autograd_kernel(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
+at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
   if (!avo::autograd::needs_grad(x, weight)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return forward_op().call(x, weight, eps);
+    return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x, weight, eps);
   }
   return Function::apply(x, weight, eps)[0];
 }
@@ -470,11 +470,11 @@ at::Tensor autograd_kernel(const at::Tensor& x, const std::optional<at::Tensor>&
 // The backward has no derivative of its own: a call that would record a graph (a double
 // backward, create_graph=True) raises, where torch's fallback would warn and let no
 // second derivative reach the inputs.
-std::tuple<at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& rrms, const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
+std::tuple<at::Tensor, at::Tensor> backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& rrms, const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
   TORCH_CHECK(!avo::autograd::needs_grad(grad_y, rrms, x, weight), "avo::rmsnorm_backward is not differentiable: "
               "avo::rmsnorm has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return backward_op().call(grad_y, rrms, x, weight, eps);
+  return backward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, grad_y, rrms, x, weight, eps);
 }
 
 // Likewise the forward that returns the saved values: the autograd kernel above calls it
@@ -518,10 +518,10 @@ class Function : public torch::autograd::Function<Function> {
   }
 };
 
-at::Tensor autograd_kernel(const at::Tensor& x) {
+at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x) {
   if (!avo::autograd::needs_grad(x)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return forward_op().call(x);
+    return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x);
   }
   return Function::apply(x)[0];
 }
@@ -529,11 +529,11 @@ at::Tensor autograd_kernel(const at::Tensor& x) {
 // The backward has no derivative of its own: a call that would record a graph (a double
 // backward, create_graph=True) raises, where torch's fallback would warn and let no
 // second derivative reach the inputs.
-at::Tensor backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& x) {
+at::Tensor backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& x) {
   TORCH_CHECK(!avo::autograd::needs_grad(grad_y, x), "avo::silu_backward is not differentiable: "
               "avo::silu has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return backward_op().call(grad_y, x);
+  return backward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, grad_y, x);
 }
 
 }  // namespace silu
@@ -574,10 +574,10 @@ class Function : public torch::autograd::Function<Function> {
   }
 };
 
-at::Tensor autograd_kernel(const at::Tensor& x) {
+at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x) {
   if (!avo::autograd::needs_grad(x)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return forward_op().call(x);
+    return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x);
   }
   return Function::apply(x)[0];
 }
@@ -585,11 +585,11 @@ at::Tensor autograd_kernel(const at::Tensor& x) {
 // The backward has no derivative of its own: a call that would record a graph (a double
 // backward, create_graph=True) raises, where torch's fallback would warn and let no
 // second derivative reach the inputs.
-at::Tensor backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& row_max, const at::Tensor& total, const at::Tensor& x) {
+at::Tensor backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& row_max, const at::Tensor& total, const at::Tensor& x) {
   TORCH_CHECK(!avo::autograd::needs_grad(grad_y, row_max, total, x), "avo::softmax_backward is not differentiable: "
               "avo::softmax has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return backward_op().call(grad_y, row_max, total, x);
+  return backward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, grad_y, row_max, total, x);
 }
 
 // Likewise the forward that returns the saved values: the autograd kernel above calls it
@@ -640,10 +640,10 @@ class Function : public torch::autograd::Function<Function> {
   }
 };
 
-at::Tensor autograd_kernel(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
   if (!avo::autograd::needs_grad(x, weight, bias)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return forward_op().call(x, weight, bias, eps);
+    return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x, weight, bias, eps);
   }
   return Function::apply(x, weight, bias, eps)[0];
 }
@@ -651,11 +651,11 @@ at::Tensor autograd_kernel(const at::Tensor& x, const std::optional<at::Tensor>&
 // The backward has no derivative of its own: a call that would record a graph (a double
 // backward, create_graph=True) raises, where torch's fallback would warn and let no
 // second derivative reach the inputs.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
   TORCH_CHECK(!avo::autograd::needs_grad(grad_y, mu, rstd, x, weight, bias), "avo::swish_layernorm_backward is not differentiable: "
               "avo::swish_layernorm has first derivatives only (no double backward, no create_graph=True)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return backward_op().call(grad_y, mu, rstd, x, weight, bias, eps);
+  return backward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, grad_y, mu, rstd, x, weight, bias, eps);
 }
 
 // Likewise the forward that returns the saved values: the autograd kernel above calls it

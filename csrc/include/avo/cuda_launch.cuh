@@ -123,8 +123,10 @@ bool all_aligned(const MapArgs<NumInputs, NumOutputs>& args, uintptr_t bytes) {
 }
 
 // What the launchers need to know of the current device. Read from the driver once per
-// device: the queries would otherwise cost host time on every call.
+// device: the queries would otherwise cost host time on every call. A launch reads it
+// once (current_device_info) and hands it to the helpers below.
 struct DeviceInfo {
+  int index = 0;                // the device's ordinal
   int arch = 0;                 // compute capability, major * 10 + minor
   int multiprocessors = 1;
   size_t max_shared_optin = 0;  // shared memory a block may use when it asks for it
@@ -133,6 +135,7 @@ struct DeviceInfo {
 
 inline DeviceInfo read_device_info(int device) {
   DeviceInfo info;
+  info.index = device;
   int major = 0, minor = 0, multiprocessors = 1, shared = 0, l2 = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
@@ -157,15 +160,13 @@ inline DeviceInfo current_device_info() {
   return cached[device];
 }
 
-// Blocks of `kernel` that fit on one multiprocessor of the current device, from the
-// occupancy calculator; remembered per kernel, block size, shared memory and device.
+// Blocks of `kernel` that fit on one multiprocessor of `device` (the current one), from
+// the occupancy calculator; remembered per kernel, block size, shared memory and device.
 template <typename Kernel>
-int blocks_per_multiprocessor(Kernel kernel, int threads, size_t shared_bytes) {
+int blocks_per_multiprocessor(Kernel kernel, int threads, size_t shared_bytes, const DeviceInfo& device) {
   static std::mutex lock;
   static std::map<std::tuple<const void*, int, size_t, int>, int> known;
-  int device = 0;
-  cudaGetDevice(&device);
-  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), threads, shared_bytes, device);
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), threads, shared_bytes, device.index);
   const std::lock_guard<std::mutex> guard(lock);
   const auto found = known.find(key);
   if (found != known.end()) return found->second;
@@ -179,10 +180,11 @@ int blocks_per_multiprocessor(Kernel kernel, int threads, size_t shared_bytes) {
 // more than one wave of blocks resident at once (read from the occupancy calculator for
 // this kernel, so register use cannot push part of the grid into a second wave).
 template <typename Kernel>
-unsigned resident_grid_size(Kernel kernel, int64_t work_items, int threads, size_t shared_bytes = 0) {
+unsigned resident_grid_size(Kernel kernel, int64_t work_items, int threads, const DeviceInfo& device,
+                            size_t shared_bytes = 0) {
   const int64_t needed = (work_items + threads - 1) / threads;
   const int64_t resident =
-      int64_t(current_device_info().multiprocessors) * blocks_per_multiprocessor(kernel, threads, shared_bytes);
+      int64_t(device.multiprocessors) * blocks_per_multiprocessor(kernel, threads, shared_bytes, device);
   const int64_t blocks = needed < resident ? needed : resident;
   return unsigned(blocks > 0 ? blocks : 1);
 }

@@ -97,7 +97,7 @@ void launch_map_vectorized(const MapArgs<NumInputs, NumOutputs>& args, const Mat
 template <typename T, int NumInputs, int NumOutputs, typename Math>
 void launch_map_strided(const MapArgs<NumInputs, NumOutputs>& args, const Math& math, cudaStream_t stream) {
   const auto kernel = map_strided_kernel<T, NumInputs, NumOutputs, Math>;
-  kernel<<<resident_grid_size(kernel, args.numel, kMapThreads), kMapThreads, 0, stream>>>(args, math);
+  kernel<<<resident_grid_size(kernel, args.numel, kMapThreads, current_device_info()), kMapThreads, 0, stream>>>(args, math);
 }
 
 }  // namespace avo

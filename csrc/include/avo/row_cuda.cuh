@@ -1330,10 +1330,10 @@ bool element_tensors_aligned(const Args& args, uintptr_t bytes) {
   return true;
 }
 
-// Shared memory a block may use on the current device (beyond the 48 KiB default, on
-// request), less room for the kernels' static shared memory.
-inline size_t max_dynamic_shared_bytes() {
-  const size_t bytes = current_device_info().max_shared_optin;
+// Shared memory a block may use on `device` (beyond the 48 KiB default, on request), less
+// room for the kernels' static shared memory.
+inline size_t max_dynamic_shared_bytes(const DeviceInfo& device) {
+  const size_t bytes = device.max_shared_optin;
   return bytes > 1024 ? bytes - 1024 : 0;
 }
 
@@ -1409,9 +1409,9 @@ struct ClusterLaunch {
 // blocks of `threads`; false when the GPU cannot run such clusters (the caller then takes
 // another version).
 template <typename T, typename Args, typename Math, int V>
-bool launch_cluster_rows(const Args& args, const Math& math, int64_t vectors, bool chunked, cudaStream_t stream,
-                         bool dry_run) {
-  if (current_device_info().arch < 90) return false;
+bool launch_cluster_rows(const Args& args, const Math& math, int64_t vectors, bool chunked, const DeviceInfo& device,
+                         cudaStream_t stream, bool dry_run) {
+  if (device.arch < 90) return false;
   const int64_t threads = threads_for(vectors, kClusterRowVectors<Math>);
   const int block = cluster_block_threads<Math>(threads);
   const int64_t blocks = (threads + block - 1) / block < 2 ? 2 : (threads + block - 1) / block;
@@ -1435,8 +1435,8 @@ bool launch_cluster_rows(const Args& args, const Math& math, int64_t vectors, bo
 // 512 MiB of rows at a time, and each pass went back to DRAM.
 constexpr int kGlobalVectorsPerThread = 8;
 template <typename T, typename Args, typename Math, int V>
-void launch_global_rows(const Args& args, const Math& math, int64_t vectors, bool chunked, cudaStream_t stream) {
-  const DeviceInfo device = current_device_info();
+void launch_global_rows(const Args& args, const Math& math, int64_t vectors, bool chunked, const DeviceInfo& device,
+                        cudaStream_t stream) {
   constexpr int64_t kPerBlock = int64_t(kGlobalRowThreads) * kGlobalVectorsPerThread;
   const int64_t wanted_blocks = V > 1 && device.arch >= 90 ? (vectors + kPerBlock - 1) / kPerBlock : 1;
   const int64_t blocks = wanted_blocks < kMaxClusterBlocks ? wanted_blocks : kMaxClusterBlocks;
@@ -1460,7 +1460,7 @@ void launch_global_rows(const Args& args, const Math& math, int64_t vectors, boo
     }
   }
   const auto kernel = global_row_kernel<T, Args, Math, V, false>;
-  const unsigned grid = resident_grid_size(kernel, workers * kGlobalRowThreads, kGlobalRowThreads);
+  const unsigned grid = resident_grid_size(kernel, workers * kGlobalRowThreads, kGlobalRowThreads, device);
   kernel<<<grid, kGlobalRowThreads, 0, stream>>>(args, math);
 }
 
@@ -1509,23 +1509,22 @@ __global__ void __launch_bounds__(kTileThreads) tiled_rows_kernel(const Args arg
 
 // Launches the tiled version's two kernels; returns the chunks of its partials.
 template <typename T, typename Args, typename Math, int V>
-int64_t launch_tiled_rows(const Args& args, const Math& math, cudaStream_t stream) {
+int64_t launch_tiled_rows(const Args& args, const Math& math, const DeviceInfo& device, cudaStream_t stream) {
   const int64_t tiles = row_tiles(args.length, sizeof(T));
   const auto sums_kernel = tile_sums_kernel<T, Args, Math, V>;
-  sums_kernel<<<resident_grid_size(sums_kernel, args.rows * tiles * kTileThreads, kTileThreads), kTileThreads, 0, stream>>>(
+  sums_kernel<<<resident_grid_size(sums_kernel, args.rows * tiles * kTileThreads, kTileThreads, device), kTileThreads, 0, stream>>>(
       args, math, tiles);
   const int64_t rows_per_chunk = tiled_rows_per_chunk(args.rows, tiles, args.chunks);
   const int64_t chunks = (args.rows + rows_per_chunk - 1) / rows_per_chunk;
   const auto rows_kernel = tiled_rows_kernel<T, Args, Math, V>;
-  rows_kernel<<<resident_grid_size(rows_kernel, chunks * tiles * kTileThreads, kTileThreads), kTileThreads, 0, stream>>>(
+  rows_kernel<<<resident_grid_size(rows_kernel, chunks * tiles * kTileThreads, kTileThreads, device), kTileThreads, 0, stream>>>(
       args, math, tiles, chunks, rows_per_chunk);
   return chunks;
 }
 
-// The thresholds of `table` for the current GPU and element type T.
+// The thresholds of `table` for GPUs of compute capability `arch` and element type T.
 template <typename T, size_t N>
-RowThresholds row_thresholds(const RowTuning (&table)[N]) {
-  const int arch = current_device_info().arch;
+RowThresholds row_thresholds(const RowTuning (&table)[N], int arch) {
   constexpr int index = std::is_same<T, __half>::value ? 0 : std::is_same<T, __nv_bfloat16>::value ? 1 : 2;
   for (const RowTuning& row : table)
     if (row.arch == arch || row.arch == 0)
@@ -1534,11 +1533,15 @@ RowThresholds row_thresholds(const RowTuning (&table)[N]) {
   return {};
 }
 
-// Picks the kernel version for the call (pick_row_version) and launches it, then the
-// column finish when the call wants per-column outputs.
-template <typename T, typename Args, typename Math>
-void launch_row_op(const Args& args, const Math& math, const RowThresholds& table, cudaStream_t stream) {
+// Picks the kernel version for the call (pick_row_version, with the thresholds of the
+// op's dispatch table for the current GPU) and launches it, then the column finish when
+// the call wants per-column outputs. The device is looked up once, here: each lookup
+// costs host time.
+template <typename T, typename Args, typename Math, size_t N>
+void launch_row_op(const Args& args, const Math& math, const RowTuning (&tuning)[N], cudaStream_t stream) {
   if (args.rows == 0) return;
+  const DeviceInfo device = current_device_info();
+  const RowThresholds table = row_thresholds<T>(tuning, device.arch);
   constexpr int V = 16 / sizeof(T);
   const bool chunked = wants_column_sums<Math>(args);
   const bool vectorized = args.length % V == 0 && element_tensors_aligned<Math>(args, 16);
@@ -1546,12 +1549,12 @@ void launch_row_op(const Args& args, const Math& math, const RowThresholds& tabl
   const bool fits_registers = vectors <= int64_t(kRowVectors<Math>) * kMaxGroupThreads<Math>;
   const size_t staged_bytes = staged_row_bytes<T, Math>(args.length);
   const bool fits_staged = vectorized && vectors <= int64_t(kStagedVectors) * kMaxGroupThreads<Math> &&
-                           staged_bytes <= max_dynamic_shared_bytes();
+                           staged_bytes <= max_dynamic_shared_bytes(device);
   // Asked only where it could be chosen: the occupancy query costs host time.
   const bool may_cluster = forced_row_version() == RowVersion::kCluster || (!fits_registers && !fits_staged);
   const bool fits_cluster =
-      may_cluster && (vectorized ? launch_cluster_rows<T, Args, Math, V>(args, math, vectors, chunked, stream, true)
-                                 : launch_cluster_rows<T, Args, Math, 1>(args, math, vectors, chunked, stream, true));
+      may_cluster && (vectorized ? launch_cluster_rows<T, Args, Math, V>(args, math, vectors, chunked, device, stream, true)
+                                 : launch_cluster_rows<T, Args, Math, 1>(args, math, vectors, chunked, device, stream, true));
   // The table counts 16-byte vectors: rows of single elements take the global version
   // only where nothing else fits, and are not pipelined.
   const RowThresholds thresholds = {table.staged_min_vectors, vectorized ? table.global_min_vectors : kNever,
@@ -1579,7 +1582,7 @@ void launch_row_op(const Args& args, const Math& math, const RowThresholds& tabl
       // instead of 0.82 (layernorm's 16-bit forward there lost 2-4%).
       const int64_t row_blocks = (args.rows + groups - 1) / groups;
       const unsigned blocks = chunked ? unsigned((args.chunks + groups - 1) / groups)
-                              : version == RowVersion::kPipelined ? resident_grid_size(kernel, row_blocks * block, block)
+                              : version == RowVersion::kPipelined ? resident_grid_size(kernel, row_blocks * block, block, device)
                                                                   : full_grid_size(row_blocks);
       kernel<<<blocks, block, 0, stream>>>(args, math, group);
       break;
@@ -1593,29 +1596,28 @@ void launch_row_op(const Args& args, const Math& math, const RowThresholds& tabl
       if (staged_bytes > 40 * 1024) {
         static std::mutex lock;
         static size_t granted[64] = {};
-        int device = 0;
-        cudaGetDevice(&device);
+        const int index = device.index;
         const std::lock_guard<std::mutex> guard(lock);
-        if (device < 0 || device >= 64 || staged_bytes > granted[device]) {
+        if (index < 0 || index >= 64 || staged_bytes > granted[index]) {
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(staged_bytes));
-          if (device >= 0 && device < 64) granted[device] = staged_bytes;
+          if (index >= 0 && index < 64) granted[index] = staged_bytes;
         }
       }
       const unsigned blocks = chunked ? unsigned(args.chunks)
-                                      : resident_grid_size(kernel, args.rows * threads, threads, staged_bytes);
+                                      : resident_grid_size(kernel, args.rows * threads, threads, device, staged_bytes);
       kernel<<<blocks, threads, staged_bytes, stream>>>(args, math);
       break;
     }
     case RowVersion::kCluster:
-      if (vectorized) launch_cluster_rows<T, Args, Math, V>(args, math, vectors, chunked, stream, false);
-      else launch_cluster_rows<T, Args, Math, 1>(args, math, vectors, chunked, stream, false);
+      if (vectorized) launch_cluster_rows<T, Args, Math, V>(args, math, vectors, chunked, device, stream, false);
+      else launch_cluster_rows<T, Args, Math, 1>(args, math, vectors, chunked, device, stream, false);
       break;
     case RowVersion::kTiled:
-      if constexpr (kCanTile<Math>) partial_chunks = launch_tiled_rows<T, Args, Math, V>(args, math, stream);
+      if constexpr (kCanTile<Math>) partial_chunks = launch_tiled_rows<T, Args, Math, V>(args, math, device, stream);
       break;
     default:  // RowVersion::kGlobal
-      if (vectorized) launch_global_rows<T, Args, Math, V>(args, math, vectors, chunked, stream);
-      else launch_global_rows<T, Args, Math, 1>(args, math, vectors, chunked, stream);
+      if (vectorized) launch_global_rows<T, Args, Math, V>(args, math, vectors, chunked, device, stream);
+      else launch_global_rows<T, Args, Math, 1>(args, math, vectors, chunked, device, stream);
       break;
   }
   if (chunked && args.length > 0) launch_column_finish<T, Args, Math>(args, partial_chunks, stream);
