@@ -48,7 +48,7 @@ struct RowCall {
 // in fp32), fewer when that would leave under kMinChunks chunks (a few rows: 8 chunks of
 // 32 rows would keep 8 blocks busy on a GPU of 132 multiprocessors), more when it would
 // make over kMaxChunks. Rows of kLongRow elements or more (avo/row_args.h) need fewer
-// chunks to fill the GPU (a chunk's worker is a cluster of up to 8 blocks on sm_90) and
+// chunks to fill the GPU (a chunk's worker is a cluster of up to 16 blocks on sm_90) and
 // cost more per chunk: at least kMinLongRowChunks. With a chunk per row, layernorm's
 // backward at 256x262144 wrote and re-read 512 MiB of partials for 384 MiB of rows.
 // Fixed by the shape alone, so the summation order (and the result) does not depend on

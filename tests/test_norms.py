@@ -669,6 +669,35 @@ def test_global_kernel_version_on_long_rows_matches_float64(name, shape, row_ver
     check_gradients(op, tensors, dtype, op.op)
 
 
+# Rows of 262144 16-bit elements whose cluster row has blocks of 512 threads (two
+# per-element inputs, or per-column sums) take clusters of 16 blocks on sm_90, past the
+# portable 8; rows that need more, or blocks of 1024 threads, take another version.
+@needs_cuda
+@pytest.mark.parametrize("row_version", ["cluster"], indirect=True)
+@pytest.mark.parametrize("name", ALL)
+def test_cluster_kernel_version_on_the_longest_rows_matches_float64(name, row_version, dtype):
+    op = OPS[name]
+    tensors = make_inputs(op, (3, 262144), dtype, "cuda")
+    rtol = 1e-4 if dtype == torch.float32 else None
+    check_values(op, tensors, dtype, rtol=rtol)
+    check_gradients(op, tensors, dtype, op.op)
+
+
+@needs_cuda
+def test_a_16_bit_softmax_backward_of_262144_takes_the_cluster_kernel_version_of_16_blocks():
+    """Its two per-element inputs make blocks of 512 threads: 8192 threads, 16 blocks."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("thread-block clusters need sm_90")
+    x = torch.randn(2, 262144, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    y = torch.ops.avo.softmax(x)
+    try:
+        avo_ops._C.set_row_version("cluster")
+        y.backward(torch.randn_like(y))
+        assert avo_ops._C.last_row_version() == "cluster"
+    finally:
+        avo_ops._C.set_row_version("auto")
+
+
 @needs_cuda
 def test_last_row_version_names_the_version_a_call_took():
     """What the tuner relies on to drop the times of versions a call could not take: a

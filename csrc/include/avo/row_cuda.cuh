@@ -18,7 +18,7 @@
 //    Every pass over the row then reads shared memory.
 //  - Cluster rows (RegisterRow with kClustered, cluster_row_kernel), for rows the
 //    registers of one block cannot hold (sm_90): the row is split over the 2 to 8 blocks
-//    of a thread-block cluster, each block holding its part in registers; reductions
+//    (16 where blocks have 512 threads or fewer) of a thread-block cluster, each block holding its part in registers; reductions
 //    combine the blocks through distributed shared memory. Pipelined where it can be.
 //  - GlobalRow, for the rest: each pass reads the row from global memory again (from L2
 //    after the first pass: launch_global_rows keeps few enough rows in flight). A block
@@ -43,8 +43,10 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
+#include <map>
 #include <mutex>
 #include <type_traits>
+#include <utility>
 
 #include "cuda_launch.cuh"
 #include "math.h"
@@ -358,7 +360,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
   int lane;       // thread index in the group
   int group_threads;
   // Vectors of V elements per row (an int: a register or cluster row holds at most
-  // kClusterRowVectors * kMaxGroupThreads * kMaxClusterBlocks of them), and the row's
+  // kClusterRowVectors * kMaxGroupThreads * 8 of them, 4 * 1024 * 8 = 4 * 512 * 16), and the row's
   // first element. Vector indices are 32-bit and the row's offset is added once, so an
   // address takes one multiply-add instead of a 64-bit product per vector.
   int vectors;
@@ -1069,10 +1071,36 @@ __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kClusterBlocksPerSM<T,
 #endif
 }
 
-// Blocks in a cluster at most (the portable limit) and the block size of a cluster row
-// launch: `threads` (a power of two) over at least two blocks, as few as the block size
-// allows.
+// Blocks in a cluster at most: the portable limit, 8; and for a cluster row of blocks of
+// kWideClusterThreads threads or fewer, sm_90's limit, 16, which a kernel must ask for
+// (allow_wide_clusters). On the H200, clusters of 16 blocks of 512 threads ran rows that
+// had taken the global version 10-23% faster (16-bit rows of 262144: add_layernorm's and
+// add_rmsnorm's forwards, softmax's and log_softmax's backwards); clusters of 16 blocks of
+// 1024 threads lost 14-20% to it (fp32 forwards of layernorm and swish_layernorm at
+// 262144), and so did the global version's own clusters with 16 blocks instead of 8 in the
+// fp32 forwards at 262144 (9-16%): the global version keeps 8.
 constexpr int kMaxClusterBlocks = 8;
+constexpr int kMaxWideClusterBlocks = 16;
+constexpr int kWideClusterThreads = 512;
+
+// Asks for clusters of more than 8 blocks of `kernel` on `device`, once per kernel and
+// device; false where the GPU does not allow them.
+template <typename Kernel>
+bool allow_wide_clusters(Kernel kernel, const DeviceInfo& device) {
+  static std::mutex lock;
+  static std::map<std::pair<const void*, int>, bool> allowed;
+  const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), device.index);
+  const std::lock_guard<std::mutex> guard(lock);
+  const auto found = allowed.find(key);
+  if (found != allowed.end()) return found->second;
+  const bool granted = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
+  if (!granted) cudaGetLastError();  // an answer here, not a failure of the call
+  allowed.emplace(key, granted);
+  return granted;
+}
+
+// The block size of a cluster row launch: `threads` (a power of two) over at least two
+// blocks, as few as the block size allows.
 template <typename Math>
 int cluster_block_threads(int64_t threads) {
   const int64_t half = threads / 2 < 32 ? 32 : threads / 2;
@@ -1406,8 +1434,9 @@ struct ClusterLaunch {
 };
 
 // Launches cluster_row_kernel for rows of `vectors` vectors over clusters of `blocks`
-// blocks of `threads`; false when the GPU cannot run such clusters (the caller then takes
-// another version).
+// blocks of `threads` (up to kMaxWideClusterBlocks blocks of kWideClusterThreads threads
+// or fewer, else kMaxClusterBlocks); false when the GPU cannot run such clusters (the
+// caller then takes another version).
 template <typename T, typename Args, typename Math, int V>
 bool launch_cluster_rows(const Args& args, const Math& math, int64_t vectors, bool chunked, const DeviceInfo& device,
                          cudaStream_t stream, bool dry_run) {
@@ -1415,8 +1444,9 @@ bool launch_cluster_rows(const Args& args, const Math& math, int64_t vectors, bo
   const int64_t threads = threads_for(vectors, kClusterRowVectors<Math>);
   const int block = cluster_block_threads<Math>(threads);
   const int64_t blocks = (threads + block - 1) / block < 2 ? 2 : (threads + block - 1) / block;
-  if (blocks > kMaxClusterBlocks) return false;
+  if (blocks > (block <= kWideClusterThreads ? kMaxWideClusterBlocks : kMaxClusterBlocks)) return false;
   const auto kernel = cluster_row_kernel<T, Args, Math, V>;
+  if (blocks > kMaxClusterBlocks && !allow_wide_clusters(kernel, device)) return false;
   ClusterLaunch clusters(blocks, block, stream);
   const int resident = clusters.resident(kernel);
   if (resident < 1) return false;
