@@ -29,6 +29,9 @@ ELEMENTWISE_OPS = ("gelu", "gelu_tanh", "silu")  # the other ops are norms and s
 # The performance targets: forwards at this fraction of the copy bandwidth or more,
 # backwards at this one, and no row more than this much slower than the best other.
 FORWARD_TARGET, BACKWARD_TARGET, BEST_SLACK = 0.90, 0.80, 0.03
+# The short rows of the by-length table: one block, group or warp holds such a row; longer
+# rows take the cluster, global or tiled versions.
+SHORT_ROWS = 16384
 DTYPE_ORDER = ("bf16", "fp16", "fp32")
 COLORS = {"avo": "tab:red", "eager": "tab:blue", "compile": "tab:green", "liger": "tab:orange"}
 
@@ -121,7 +124,44 @@ def target_lines(results: dict) -> list[str]:
         if ratios:
             lines.append(f"- Geometric mean of avo over torch.compile, {label}: {geomean(ratios):.2f}x "
                          f"({len(ratios)} rows).")
+    norms = [r for r in rows if r["op"] not in ELEMENTWISE_OPS]
+    if norms:
+        counts = []
+        for direction, target in (("fwd", FORWARD_TARGET), ("bwd", BACKWARD_TARGET)):
+            group = [r for r in norms if r["dir"] == direction]
+            met = sum(1 for r in group if r["results"]["avo"]["frac_copy"] >= target)
+            counts.append(f"{'forwards' if direction == 'fwd' else 'backwards'} at ≥ {target:.0%} of copy "
+                          f"{met} of {len(group)}")
+        compared = [r for r in norms if r.get("speedup_vs_best_other")]
+        close = sum(1 for r in compared if r["speedup_vs_best_other"] >= 1 - BEST_SLACK)
+        counts.append(f"within {BEST_SLACK:.0%} of the best other {close} of {len(compared)}")
+        lines.append(f"- Norm and softmax rows: {', '.join(counts)}.")
     return lines
+
+
+def by_length_table(results: dict) -> list[str]:
+    """Markdown table, a line per op: avo's fraction of the copy bandwidth (lowest–highest
+    over dtypes and row lengths) for rows of up to SHORT_ROWS elements and longer ones, in
+    each direction, and the geometric mean of avo over torch.compile per direction (– where
+    a cell has no rows)."""
+    rows = [r for r in results["rows"] if r["results"].get("avo", {}).get("frac_copy") is not None]
+    body = []
+    for op in dict.fromkeys(r["op"] for r in rows):
+        cells = [op]
+        for direction in ("fwd", "bwd"):
+            for short in (True, False):
+                fracs = [r["results"]["avo"]["frac_copy"] for r in rows
+                         if r["op"] == op and r["dir"] == direction and (row_length(r) <= SHORT_ROWS) == short]
+                cells.append(f"{min(fracs):.2f}–{max(fracs):.2f}" if fracs else "–")
+        means = []
+        for direction in ("fwd", "bwd"):
+            mean = geomean([r["results"]["avo"]["gbps"] / gbps(r, "compile") for r in rows
+                            if r["op"] == op and r["dir"] == direction and gbps(r, "compile")])
+            means.append(f"{mean:.2f}×" if mean else "–")
+        body.append(cells + [" / ".join(means)])
+    return md_table(["op", f"forward, N ≤ {SHORT_ROWS}", f"forward, N > {SHORT_ROWS}",
+                     f"backward, N ≤ {SHORT_ROWS}", f"backward, N > {SHORT_ROWS}",
+                     "over torch.compile (fwd / bwd)"], body)
 
 
 def fmt_shape(shape: Sequence[int]) -> str:
@@ -269,6 +309,10 @@ def markdown_report(results: dict) -> str:
     lines += md_table(["op", "dir", "dtype", "N", "avo/copy", "avo vs best (geomean)",
                        "worst", "best", "avo fastest"], summary)
     lines += ["", "## Against the performance targets", ""] + target_lines(results)
+    lines += ["", "## By row length", "",
+              f"avo's fraction of copy over the dtypes and row lengths up to {SHORT_ROWS} elements "
+              "and beyond, and avo over torch.compile (geometric mean over the op's rows), as the "
+              "README's table has them.", ""] + by_length_table(results)
 
     for op, direction in ordered_groups(rows):
         lines += ["", f"## {op} {direction}", ""]

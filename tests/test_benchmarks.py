@@ -212,6 +212,24 @@ def test_target_lines_count_the_rows_that_meet_each_target():
     assert lines[4] == ("- Geometric mean of avo over torch.compile, norm and softmax rows with N ≤ 16384: "
                         "0.71x (8 rows).")
     assert lines[5] == "- Geometric mean of avo over torch.compile, elementwise rows: 0.91x (6 rows)."
+    # layernorm alone: no row at its line; within 3% only at N = 65536 (1.5x compile), 2 of 6
+    # rows per direction.
+    assert lines[6] == ("- Norm and softmax rows: forwards at ≥ 90% of copy 0 of 6, backwards at ≥ 80% of "
+                        "copy 0 of 6, within 3% of the best other 4 of 12.")
+
+
+def test_by_length_table_splits_the_rows_at_16384():
+    """avo at 0.25 and 0.50 of copy for N = 256 and 4096, 0.75 for 65536, in both dtypes;
+    over compile's 2000 GB/s 0.5x, 1x and 1.5x, whose geometric mean is 0.75^(1/3). gelu has
+    no backward rows."""
+    table = bench_report.by_length_table(synthetic_results())
+    assert table[0] == ("| op | forward, N ≤ 16384 | forward, N > 16384 | backward, N ≤ 16384 | "
+                        "backward, N > 16384 | over torch.compile (fwd / bwd) |")
+    mean = f"{0.75 ** (1 / 3):.2f}×"
+    assert table[2] == f"| layernorm | 0.25–0.50 | 0.75–0.75 | 0.25–0.50 | 0.75–0.75 | {mean} / {mean} |"
+    assert table[3] == f"| gelu | 0.25–0.50 | 0.75–0.75 | – | – | {mean} / – |"
+    assert len(table) == 4
+    assert "## By row length" in bench_report.markdown_report(synthetic_results())
 
 
 def test_baselines_from_another_run_fill_the_missing_implementations(tmp_path):
