@@ -101,20 +101,30 @@ def geomean(values: Sequence[float]) -> Optional[float]:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
-def target_lines(results: dict) -> list[str]:
-    """Markdown bullets: the rows that meet each performance target, and the geometric
-    mean of avo over torch.compile on the norm/softmax rows and on the elementwise rows."""
-    rows = [r for r in results["rows"] if r["results"].get("avo", {}).get("frac_copy") is not None]
-    lines = []
-    for direction, target in (("fwd", FORWARD_TARGET), ("bwd", BACKWARD_TARGET)):
+def target_counts(rows: Sequence[dict]) -> tuple[list[tuple[str, float, int, int]], int, int]:
+    """Against the targets: per direction (its name, its target, the rows that meet it, its
+    rows), then the rows within BEST_SLACK of the best other implementation or faster, and
+    the rows compared with one."""
+    directions = []
+    for direction, name, target in (("fwd", "forwards", FORWARD_TARGET), ("bwd", "backwards", BACKWARD_TARGET)):
         group = [r for r in rows if r["dir"] == direction]
-        met = [r for r in group if r["results"]["avo"]["frac_copy"] >= target]
-        lines.append(f"- {'Forwards' if direction == 'fwd' else 'Backwards'} at ≥ {target:.0%} of copy: "
-                     f"{len(met)} of {len(group)}.")
+        met = sum(1 for r in group if r["results"]["avo"]["frac_copy"] >= target)
+        directions.append((name, target, met, len(group)))
     compared = [r for r in rows if r.get("speedup_vs_best_other")]
-    close = [r for r in compared if r["speedup_vs_best_other"] >= 1 - BEST_SLACK]
+    close = sum(1 for r in compared if r["speedup_vs_best_other"] >= 1 - BEST_SLACK)
+    return directions, close, len(compared)
+
+
+def target_lines(results: dict) -> list[str]:
+    """Markdown bullets: the rows that meet each performance target, the geometric mean of
+    avo over torch.compile on the norm/softmax rows and on the elementwise rows, and the
+    norm/softmax rows against each target."""
+    rows = [r for r in results["rows"] if r["results"].get("avo", {}).get("frac_copy") is not None]
+    directions, close, compared = target_counts(rows)
+    lines = [f"- {name.capitalize()} at ≥ {target:.0%} of copy: {met} of {total}."
+             for name, target, met, total in directions]
     lines.append(f"- Within {BEST_SLACK:.0%} of the best other implementation or faster: "
-                 f"{len(close)} of {len(compared)}.")
+                 f"{close} of {compared}.")
     for label, pick in (("norm and softmax rows", lambda r: r["op"] not in ELEMENTWISE_OPS),
                         ("norm and softmax rows with N ≤ 16384",
                          lambda r: r["op"] not in ELEMENTWISE_OPS and row_length(r) <= 16384),
@@ -126,15 +136,9 @@ def target_lines(results: dict) -> list[str]:
                          f"({len(ratios)} rows).")
     norms = [r for r in rows if r["op"] not in ELEMENTWISE_OPS]
     if norms:
-        counts = []
-        for direction, target in (("fwd", FORWARD_TARGET), ("bwd", BACKWARD_TARGET)):
-            group = [r for r in norms if r["dir"] == direction]
-            met = sum(1 for r in group if r["results"]["avo"]["frac_copy"] >= target)
-            counts.append(f"{'forwards' if direction == 'fwd' else 'backwards'} at ≥ {target:.0%} of copy "
-                          f"{met} of {len(group)}")
-        compared = [r for r in norms if r.get("speedup_vs_best_other")]
-        close = sum(1 for r in compared if r["speedup_vs_best_other"] >= 1 - BEST_SLACK)
-        counts.append(f"within {BEST_SLACK:.0%} of the best other {close} of {len(compared)}")
+        directions, close, compared = target_counts(norms)
+        counts = [f"{name} at ≥ {target:.0%} of copy {met} of {total}" for name, target, met, total in directions]
+        counts.append(f"within {BEST_SLACK:.0%} of the best other {close} of {compared}")
         lines.append(f"- Norm and softmax rows: {', '.join(counts)}.")
     return lines
 
