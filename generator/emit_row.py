@@ -181,9 +181,47 @@ class RowProgram:
             return [[r] for r in stage]
         return [sums] + [[r] for r in stage if r.op != "rsum"]
 
+    @staticmethod
+    def _is_centered_squares(total: Node, squares: Node) -> bool:
+        """Whether `squares` is sum((e - total / N) * (e - total / N)) for total = sum(e):
+        the sums of a mean and a variance."""
+        if total.op != "rsum" or squares.op != "rsum" or squares.args[0].op != "mul":
+            return False
+        left, right = squares.args[0].args
+        if left is not right or left.op != "sub" or left.args[0] is not total.args[0]:
+            return False
+        mean = left.args[1]
+        return (mean.op == "div" and mean.args[0] is total and mean.args[1].op == "dim"
+                and mean.args[1].value == total.value == squares.value)
+
+    def _reduction_steps(self) -> list[tuple[str, list[Node]]]:
+        """The reductions in the order apply_lines computes them, a pass over the row and
+        one exchange between its threads each:
+          - ("moments", [total, squares]): sum(e), then the sum of the squares of
+            e - sum(e) / N at the next level, as one pass (`row.moments`: the threads'
+            means and squared deviations combine exactly; Moments in avo/row_cuda.cuh);
+          - ("sums", [...]): the sums of one level (one pass, one exchange);
+          - ("reduce", [r]): any other reduction alone."""
+        levels, steps, d = self.levels(), [], 0
+        while d < len(levels):
+            if (d + 1 < len(levels) and len(levels[d]) == 1 and len(levels[d + 1]) == 1
+                    and self._is_centered_squares(levels[d][0], levels[d + 1][0])):
+                steps.append(("moments", [levels[d][0], levels[d + 1][0]]))
+                d += 2
+                continue
+            steps += [("sums" if len(reductions) > 1 else "reduce", reductions)
+                      for reductions in self._stage_passes(levels[d])]
+            d += 1
+        return steps
+
+    @staticmethod
+    def _step_roots(kind: str, reductions: list[Node]) -> list[Node]:
+        """What the pass of a reduction step computes at each element."""
+        return [reductions[0].args[0]] if kind == "moments" else [r.args[0] for r in reductions]
+
     def _passes(self) -> list[list[Node]]:
         """The roots of each pass over the row, in the order apply_lines emits them."""
-        passes = [[r.args[0] for r in reductions] for stage in self.levels() for reductions in self._stage_passes(stage)]
+        passes = [self._step_roots(kind, reductions) for kind, reductions in self._reduction_steps()]
         last = [self.results[o.name] for o in self.kernel.outputs if o.domain in ("elem", "col")]
         passes.append([n.args[0] if n.op == "colsum" else n for n in last])
         return [p for p in passes if p]
@@ -340,7 +378,7 @@ class RowProgram:
 
     def reduction_passes(self) -> int:
         """How many passes over the row reduce it (a row.sum, row.max or row.sums each)."""
-        return sum(len(self._stage_passes(stage)) for stage in self.levels())
+        return len(self._reduction_steps())
 
     def apply_lines(self) -> list[str]:
         lines = ["[[maybe_unused]] const float length = float(row.length());"]
@@ -353,18 +391,20 @@ class RowProgram:
             elif i.domain == "saved" and i.name in leaves:  # computed by the forward
                 lines.append(f"const float {i.name} = row.load_saved({k});")
                 self.known[id(leaves[i.name])] = i.name
-        for stage in self.levels():
-            lines += self._hoist([r.args[0] for r in stage])
-            for reductions in self._stage_passes(stage):
-                if len(reductions) > 1:  # independent sums: one pass over the row, one exchange
-                    lines += self._fused_sums(reductions)
-                    continue
-                r = reductions[0]
-                name = _fresh(self.taken, f"{REDUCE_CALL[r.op]}_")
-                block, columns = self._element_block({"term": r.args[0]})
-                lines.append(f"const float {name} = row.{REDUCE_CALL[r.op]}({columns}, [&](const auto& at) {{")
-                lines += [f"  {line}" for line in block] + ["  return term;", "});"]
-                self.known[id(r)] = name
+        for kind, reductions in self._reduction_steps():
+            lines += self._hoist(self._step_roots(kind, reductions))
+            if kind == "moments":
+                lines += self._moments(*reductions)
+                continue
+            if kind == "sums":  # independent sums: one pass over the row, one exchange
+                lines += self._fused_sums(reductions)
+                continue
+            r = reductions[0]
+            name = _fresh(self.taken, f"{REDUCE_CALL[r.op]}_")
+            block, columns = self._element_block({"term": r.args[0]})
+            lines.append(f"const float {name} = row.{REDUCE_CALL[r.op]}({columns}, [&](const auto& at) {{")
+            lines += [f"  {line}" for line in block] + ["  return term;", "});"]
+            self.known[id(r)] = name
         outputs = list(self.kernel.outputs)
         elem = {o.name: self.results[o.name] for o in outputs if o.domain == "elem"}
         row = {o.name: self.results[o.name] for o in outputs if o.domain in ("row", "chan", "saved")}
@@ -395,6 +435,20 @@ class RowProgram:
             lines += [f"  at.store({self._output_index(name)}, {name});" for name in elem]
             lines += [f"  terms[{k}] = {name};" for k, name in enumerate(terms)]
             lines.append("});")
+        return lines
+
+    def _moments(self, total: Node, squares: Node) -> list[str]:
+        """sum(e) and the sum of the squares of e - sum(e) / N in one pass:
+        `row.moments(array, term)`."""
+        names = [_fresh(self.taken, "sum_") for _ in range(2)]
+        array = _fresh(self.taken, "moments_")
+        block, columns = self._element_block({"term": total.args[0]})
+        lines = [f"// {names[0]}: the sum of term over the row; {names[1]}: the sum of the squares of its",
+                 "// deviations from their mean.",
+                 f"float {array}[2];", f"row.moments({columns}, {array}, [&](const auto& at) {{"]
+        lines += [f"  {line}" for line in block] + ["  return term;", "});"]
+        lines += [f"const float {name} = {array}[{k}];" for k, name in enumerate(names)]
+        self.known[id(total)], self.known[id(squares)] = names
         return lines
 
     def _fused_sums(self, sums: list[Node]) -> list[str]:

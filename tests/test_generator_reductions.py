@@ -351,7 +351,7 @@ def test_reduction_errors_name_the_line(line, message):
     assert message in str(error.value)
 
 
-PASS_CALL = re.compile(r"row\.(?:template )?(sum|sums|max|min|for_each_with_column_sums|for_each)(?:<\w+>)?\(avo::columns<([0-9, ]*)>")
+PASS_CALL = re.compile(r"row\.(?:template )?(sum|sums|moments|max|min|for_each_with_column_sums|for_each)(?:<\w+>)?\(avo::columns<([0-9, ]*)>")
 
 
 def _passes_and_columns(source: str) -> list[tuple[str, set[int], set[int]]]:
@@ -377,20 +377,20 @@ def test_every_pass_lists_exactly_the_columns_it_reads(path):
     read an unloaded vector and an extra one would load for nothing."""
     source = path.read_text(encoding="utf-8")
     passes = _passes_and_columns(source)
-    every_call = re.findall(r"row\.(?:template )?(?:sum|sums|max|min|for_each_with_column_sums|for_each)(?:<\w+>)?\(", source)
+    every_call = re.findall(r"row\.(?:template )?(?:sum|sums|moments|max|min|for_each_with_column_sums|for_each)(?:<\w+>)?\(", source)
     assert passes and len(passes) == len(every_call)
     for call, tagged, loaded in passes:
         assert tagged == loaded, (call, tagged, loaded)
 
 
 def test_layernorm_reads_weight_and_bias_only_where_it_uses_them():
-    """The forward's reductions read no parameter; its output pass reads weight and bias
-    (inputs 1 and 2). The backward (inputs grad_y, mu, rstd, x, weight, bias) reads weight
+    """The forward's one reduction pass (mean and variance together) reads no parameter;
+    its output pass reads weight and bias (inputs 1 and 2). The backward (inputs grad_y, mu, rstd, x, weight, bias) reads weight
     (input 4) in its sums and in its last pass, which computes grad_x and the parameter
     gradients' terms together."""
     source = (ROOT / "csrc" / "generated" / "layernorm_math.h").read_text(encoding="utf-8")
     forward, backward = source.split("struct BackwardMath")
-    assert [(c, t) for c, t, _ in _passes_and_columns(forward)] == [("sum", set()), ("sum", set()), ("for_each", {1, 2})]
+    assert [(c, t) for c, t, _ in _passes_and_columns(forward)] == [("moments", set()), ("for_each", {1, 2})]
     assert [(c, t) for c, t, _ in _passes_and_columns(backward)] == [
         ("sums", {4}), ("for_each_with_column_sums", {4})]
 
@@ -417,14 +417,14 @@ def _struct(op: str, role: str) -> str:
 
 
 def test_swish_layernorm_keeps_swish_after_its_first_pass():
-    """swish = x * sigmoid(x) is a kept value of the forward: its first pass computes it
-    (at.keep), the other two take it (at.kept). Outside those lambdas no pass reads x or
+    """swish = x * sigmoid(x) is a kept value of the forward: its first pass (mean and
+    variance together) computes it (at.keep), the output pass takes it (at.kept). Outside those lambdas no pass reads x or
     calls sigmoid, so a row that holds swish in registers computes it once per element."""
     forward = _struct("swish_layernorm", "forward")
     assert "static constexpr int kKeptValues = 1;" in forward
-    assert [m for m in re.findall(r"at\.(keep|kept)\(0, ", forward)] == ["keep", "kept", "kept"]
+    assert [m for m in re.findall(r"at\.(keep|kept)\(0, ", forward)] == ["keep", "kept"]
     outside = re.sub(r"at\.(?:keep|kept)\(0, \[&\] \{.*?\n\s*\}\);", "KEPT", forward, flags=re.S)
-    assert outside.count("KEPT") == 3
+    assert outside.count("KEPT") == 2
     assert "sigmoid" not in outside.split("apply(const Row& row)")[1]
     assert "at.load(0)" not in outside
 
@@ -443,13 +443,13 @@ def test_no_kept_values_where_they_do_not_pay(op, role):
 @pytest.mark.parametrize("path", ROW_MATH, ids=lambda p: p.name)
 def test_reduction_passes_count_the_calls_that_reduce_the_row(path):
     """kReductionPasses (which lets a backward take the tiled version when it is 1) is the
-    number of row.sum / row.max / row.min / row.sums calls of apply."""
+    number of row.sum / row.max / row.min / row.sums / row.moments calls of apply."""
     structs = path.read_text(encoding="utf-8").split("\nstruct ")[1:]
     assert structs
     for struct in structs:
         declared = re.search(r"static constexpr int kReductionPasses = (\d+);", struct)
         assert declared, struct[:60]
-        calls = re.findall(r"row\.(?:template )?(?:sum|max|min|sums)\(", struct)
+        calls = re.findall(r"row\.(?:template )?(?:sum|max|min|sums|moments)\(", struct)
         assert int(declared.group(1)) == len(calls), struct[:60]
 
 
@@ -507,3 +507,17 @@ def test_output_read_by_later_math_is_read_as_stored_and_its_backward_reads_it_b
     assert lower_forward(softmax, {}).results["y"].op != "stored"
     (_, backward), = schedule(spec).backward.graphs
     assert element_inputs_read(backward) == {"grad_hidden", "grad_y", "hidden"}
+
+
+@pytest.mark.parametrize("op,expected", [("layernorm", True), ("swish_layernorm", True), ("add_layernorm", True),
+                                         ("channel_norm", True), ("rmsnorm", False), ("add_rmsnorm", False),
+                                         ("softmax", False), ("log_softmax", False)])
+def test_a_mean_and_the_variance_about_it_take_one_moments_pass(op, expected):
+    """sum(e) followed by sum((e - sum(e) / N)^2) is one row.moments pass (one exchange
+    between the threads of a row instead of two); a mean of squares (rmsnorm) or a
+    maximum and a sum of exponentials (softmax) is no such pair."""
+    forward = _struct(op, "forward")
+    assert ("row.moments(" in forward) == expected
+    if expected:
+        assert "static constexpr int kReductionPasses = 1;" in forward
+        assert not re.search(r"row\.(?:sum|sums)\(", forward)

@@ -364,7 +364,11 @@ OFFSET_CASES = [(torch.float32, 1e3), (torch.float32, 1e4), (torch.float16, 1e3)
 @pytest.mark.parametrize("name", ["layernorm", "swish_layernorm", "add_layernorm"])
 def test_large_offset(name, shape, dtype, offset, device):
     op = OPS[name]
-    tensors = make_inputs(op, shape, dtype, device, offset=offset)
+    check_large_offset(op, make_inputs(op, shape, dtype, device, offset=offset), dtype, offset)
+
+
+def check_large_offset(op, tensors, dtype, offset):
+    """The forward of rows near `offset` against float64: y within offset * rstd * |w|."""
     out = _tuple(op.op(*tensors))
     t64 = upcast(tensors)
     expected = op.reference(dtype, *t64)
@@ -377,6 +381,61 @@ def test_large_offset(name, shape, dtype, offset, device):
     assert_matches_reference(out[-1], expected[-1], dtype, scale=scale + _max(expected[-1]) + _max(b))
     # The outputs are normalized: mean ~ bias, not garbage.
     assert torch.isfinite(out[-1]).all()
+
+
+# Every GPU kernel version on rows far from zero, with a spike at every 16th element:
+# the first value of many threads (the shift of their partial moments) lies far from the
+# row's mean, and each thread's squared deviations are large beside the variance.
+@needs_cuda
+@pytest.mark.parametrize("row_version", ["register", "pipelined", "staged", "cluster", "global", "auto"],
+                         indirect=True)
+@pytest.mark.parametrize("length", [1000, 4096, 65536], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("name", ["layernorm", "swish_layernorm", "add_layernorm"])
+def test_large_offset_on_every_kernel_version(name, dtype, length, row_version):
+    op = OPS[name]
+    tensors = make_inputs(op, (6, length), dtype, "cuda", offset=1e3)
+    tensors[0][:, ::16] += 1e2
+    check_large_offset(op, tensors, dtype, 1e3 + 1e2)
+
+
+@pytest.mark.parametrize("length", [8, 1000, 16384, 65536], ids=str)
+@pytest.mark.parametrize("name", ["layernorm", "swish_layernorm", "add_layernorm"])
+def test_layernorm_rows_with_nan_or_infinity_are_nan_as_in_torch(name, length, device, dtype):
+    """A NaN, +inf or -inf anywhere in a row makes its mean or variance NaN or infinite:
+    torch's layer_norm gives NaN across the row, and so must the moments of every kernel
+    version (the lengths take the register, staged or pipelined, cluster and global
+    versions on the H200); the other rows stay finite."""
+    op = OPS[name]
+    tensors = make_inputs(op, (6, length), dtype, device)
+    x = tensors[0]
+    x[0, length // 3] = float("nan")
+    x[1, length // 2] = float("inf")
+    x[2, 0] = -float("inf")
+    x[3, length - 1] = float("inf")
+    x[3, 0] = -float("inf")
+    expected = op.reference(dtype, *upcast(tensors))[-1]
+    actual = _tuple(op.op(*tensors))[-1]
+    assert expected[:4].isnan().all() and expected[4:].isfinite().all()
+    assert actual[:4].isnan().all()
+    assert_matches_reference(actual[4:], expected[4:], dtype, scale=_max(expected[4:]) + _max(upcast(tensors)[-1]))
+
+
+@pytest.mark.parametrize("length", [1, 1000, 4096, 65536], ids=str)
+@pytest.mark.parametrize("name", ["layernorm", "swish_layernorm", "add_layernorm"])
+def test_constant_rows_normalize_to_exactly_the_bias(name, length, device, dtype):
+    """Every value of a row equal: the mean is that value exactly and the variance zero
+    (each thread's moments start from its first value), so y is the bias. The value
+    times the length is exact in fp32 (1000.5 has 11 significant bits, 1000 has 7), so
+    even the mean's sum / length loses nothing."""
+    op = OPS[name]
+    tensors = make_inputs(op, (4, length), dtype, device)
+    value = 1000.5 if dtype == torch.float32 else 1000.0
+    tensors[0] = torch.full_like(tensors[0], value)
+    if len(op.elems) == 2:
+        tensors[1] = torch.zeros_like(tensors[1])
+    y = _tuple(op.op(*tensors))[-1]
+    assert torch.equal(y, tensors[-1].expand_as(y))
 
 
 @pytest.mark.parametrize("name", ["layernorm", "swish_layernorm", "add_layernorm"])

@@ -32,7 +32,7 @@ struct ForwardMath {
   // (at.keep / at.kept).
   static constexpr int kKeptValues = 0;
   // Passes over the row that reduce it (row.sum, row.max, row.sums, ...).
-  static constexpr int kReductionPasses = 2;
+  static constexpr int kReductionPasses = 1;
 
   // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
   // avo/row_cuda.cuh.
@@ -40,22 +40,19 @@ struct ForwardMath {
   AVO_HOST_DEVICE void apply(const Row& row) const {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
-    const float sum_0 = row.sum(avo::columns<>, [&](const auto& at) {
+    // sum_0: the sum of term over the row; sum_1: the sum of the squares of its
+    // deviations from their mean.
+    float moments_0[2];
+    row.moments(avo::columns<>, moments_0, [&](const auto& at) {
       const float x = at.load(0);
       const float residual = at.load(1);
       const float hidden = row.as_stored(x + residual);
       const float term = hidden;
       return term;
     });
+    const float sum_0 = moments_0[0];
+    const float sum_1 = moments_0[1];
     const float mu = sum_0 / length;
-    const float sum_1 = row.sum(avo::columns<>, [&](const auto& at) {
-      const float x = at.load(0);
-      const float residual = at.load(1);
-      const float hidden = row.as_stored(x + residual);
-      const float centered = hidden - mu;
-      const float term = centered * centered;
-      return term;
-    });
     const float rstd = F::rsqrt(sum_1 / length + eps);
     row.store_row_f32(2, mu);
     row.store_row_f32(3, rstd);

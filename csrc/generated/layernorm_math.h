@@ -31,7 +31,7 @@ struct ForwardMath {
   // (at.keep / at.kept).
   static constexpr int kKeptValues = 0;
   // Passes over the row that reduce it (row.sum, row.max, row.sums, ...).
-  static constexpr int kReductionPasses = 2;
+  static constexpr int kReductionPasses = 1;
 
   // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
   // avo/row_cuda.cuh.
@@ -39,18 +39,17 @@ struct ForwardMath {
   AVO_HOST_DEVICE void apply(const Row& row) const {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
-    const float sum_0 = row.sum(avo::columns<>, [&](const auto& at) {
+    // sum_0: the sum of term over the row; sum_1: the sum of the squares of its
+    // deviations from their mean.
+    float moments_0[2];
+    row.moments(avo::columns<>, moments_0, [&](const auto& at) {
       const float x = at.load(0);
       const float term = x;
       return term;
     });
+    const float sum_0 = moments_0[0];
+    const float sum_1 = moments_0[1];
     const float mu = sum_0 / length;
-    const float sum_1 = row.sum(avo::columns<>, [&](const auto& at) {
-      const float x = at.load(0);
-      const float centered = x - mu;
-      const float term = centered * centered;
-      return term;
-    });
     const float var = sum_1 / length;
     const float rstd = F::rsqrt(var + eps);
     row.store_row_f32(1, mu);

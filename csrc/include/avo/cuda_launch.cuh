@@ -176,6 +176,33 @@ int blocks_per_multiprocessor(Kernel kernel, int threads, size_t shared_bytes, c
   return blocks > 0 ? blocks : 1;
 }
 
+// Sets `attribute` of `kernel` to at least `value` on `device` (the current one): a
+// kernel asks before it launches with more than 48 KiB of dynamic shared memory, or
+// with clusters past the portable size. Each setting costs host time, so the largest
+// value granted so far is remembered per kernel, attribute and device, and so is a
+// refusal (false: the GPU does not allow it; the caller then takes another version).
+template <typename Kernel>
+bool raise_kernel_attribute(Kernel kernel, cudaFuncAttribute attribute, int value, const DeviceInfo& device) {
+  struct Known {
+    int granted = 0;
+    int refused = 0;  // the smallest value refused, 0 for none
+  };
+  static std::mutex lock;
+  static std::map<std::tuple<const void*, int, int>, Known> known;
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), int(attribute), device.index);
+  const std::lock_guard<std::mutex> guard(lock);
+  Known& seen = known[key];
+  if (value <= seen.granted) return true;
+  if (seen.refused != 0 && value >= seen.refused) return false;
+  if (cudaFuncSetAttribute(kernel, attribute, value) != cudaSuccess) {
+    cudaGetLastError();  // an answer here, not a failure of the call
+    seen.refused = value;
+    return false;
+  }
+  seen.granted = value;
+  return true;
+}
+
 // Blocks for a grid-stride loop over `work_items`: as many as the work needs, but no
 // more than one wave of blocks resident at once (read from the occupancy calculator for
 // this kernel, so register use cannot push part of the grid into a second wave).

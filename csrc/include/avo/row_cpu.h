@@ -49,6 +49,20 @@ struct SerialRow : RowView<T, Args> {
     }
     for (int k = 0; k < K; ++k) out[k] = float(total[k]);
   }
+  // The sum of term over the row (out[0]) and the sum of the squares of its deviations
+  // from their mean (out[1]): two passes, in double.
+  template <unsigned M, typename F>
+  void moments(Columns<M>, float (&out)[2], F term) const {
+    double total = 0.0, squares = 0.0;
+    for (int64_t n = 0; n < args.length; ++n) total += term(At{*this, n});
+    const double mean = args.length > 0 ? total / double(args.length) : 0.0;
+    for (int64_t n = 0; n < args.length; ++n) {
+      const double d = double(term(At{*this, n})) - mean;
+      squares += d * d;
+    }
+    out[0] = float(total);
+    out[1] = float(squares);
+  }
   template <unsigned M, typename F>
   float max(Columns<M>, F term) const {
     float best = -std::numeric_limits<float>::infinity();

@@ -43,8 +43,6 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
-#include <map>
-#include <mutex>
 #include <type_traits>
 #include <utility>
 
@@ -120,15 +118,17 @@ struct Packed<T, V, false> {
   __device__ __forceinline__ float get(int j) const { return Element<T>::to_float(vec.v[j]); }
 };
 
-// Combines `value` over each group of `group_threads` consecutive threads (a power of
-// two); every thread of the group gets the result. Every thread of the block must call
-// it, in the same order: groups wider than a warp synchronise the block.
-template <typename Combine>
-__device__ __forceinline__ float group_reduce(float value, Combine combine, int group_threads) {
-  const int width = group_threads < 32 ? group_threads : 32;
-  for (int offset = width / 2; offset > 0; offset /= 2) value = combine(value, __shfl_xor_sync(0xffffffffu, value, offset));
+// `value` combined over each group of `group_threads` consecutive threads (a power of
+// two), every thread of the group getting the result: butterfly(value, width) combines it
+// over aligned runs of `width` lanes of a warp (width <= 32) by shuffles; a group wider
+// than a warp then combines its warps' results through shared memory by the same
+// butterfly. Every thread of the block must call it, in the same order: groups wider than
+// a warp synchronise the block.
+template <typename Value, typename Butterfly>
+__device__ __forceinline__ Value group_combine(Value value, int group_threads, Butterfly butterfly) {
+  value = butterfly(value, group_threads < 32 ? group_threads : 32);
   if (group_threads <= 32) return value;
-  __shared__ float per_warp[32];
+  __shared__ Value per_warp[32];
   const int warp = threadIdx.x / 32, warps = group_threads / 32;
   const int first = warp & ~(warps - 1);  // the group's first warp (warps: a power of two)
   __syncthreads();  // a previous reduction may still be reading per_warp
@@ -137,9 +137,17 @@ __device__ __forceinline__ float group_reduce(float value, Combine combine, int 
   // Every warp combines its group's per-warp values by the same butterfly of shuffles, so
   // every thread gets the same value. Read one after the other, 16 values (a group of 512
   // threads) made a chain of 16 dependent shared-memory loads in every thread.
-  value = per_warp[first + (threadIdx.x & (warps - 1))];
-  for (int offset = warps / 2; offset > 0; offset /= 2) value = combine(value, __shfl_xor_sync(0xffffffffu, value, offset));
-  return value;
+  return butterfly(per_warp[first + (threadIdx.x & (warps - 1))], warps);
+}
+
+// Combines `value` over each group of `group_threads` consecutive threads by `combine`
+// (commutative), as group_combine.
+template <typename Combine>
+__device__ __forceinline__ float group_reduce(float value, Combine combine, int group_threads) {
+  return group_combine(value, group_threads, [&](float mine, int width) {
+    for (int offset = width / 2; offset > 0; offset /= 2) mine = combine(mine, __shfl_xor_sync(0xffffffffu, mine, offset));
+    return mine;
+  });
 }
 
 // K sums over each group of `group_threads` consecutive threads at once (see
@@ -175,25 +183,35 @@ __device__ __forceinline__ void group_sums(float (&values)[K], int group_threads
   }
 }
 
-// Combines values[k] (the same in every thread of a block) over the blocks of the
+// Combining values (the same in every thread of a block) over the blocks of the
 // thread-block cluster: thread 0 of each block publishes its values in its shared memory,
 // the cluster synchronises, and every thread reads the blocks' values through distributed
 // shared memory in rank order (the same order in every block: deterministic). Two slots
 // in turn: a block writes a slot again two exchanges later, after a cluster barrier that
 // every block reaches only once it has read that slot. `exchanges` counts them per thread.
-template <int K, typename Combine>
-__device__ __forceinline__ void cluster_combine(float (&values)[K], Combine combine, unsigned& exchanges) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  namespace cg = cooperative_groups;
+// cluster_publish does the first two steps and returns this block's slot (read block b's
+// with cluster.map_shared_rank(slot, b)).
+template <int K>
+__device__ __forceinline__ float* cluster_publish(const float (&values)[K], unsigned& exchanges) {
   __shared__ float published[2][K];
-  const cg::cluster_group cluster = cg::this_cluster();
   float* slot = published[exchanges & 1u];
   ++exchanges;
   if (threadIdx.x == 0) {
     AVO_UNROLL
     for (int k = 0; k < K; ++k) slot[k] = values[k];
   }
-  cluster.sync();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cooperative_groups::this_cluster().sync();
+#endif
+  return slot;
+}
+
+// values[k] combined over the blocks of the cluster, for each k.
+template <int K, typename Combine>
+__device__ __forceinline__ void cluster_combine(float (&values)[K], Combine combine, unsigned& exchanges) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  float* slot = cluster_publish(values, exchanges);
   const unsigned blocks = cluster.num_blocks();
   AVO_UNROLL
   for (int k = 0; k < K; ++k) {
@@ -202,6 +220,62 @@ __device__ __forceinline__ void cluster_combine(float (&values)[K], Combine comb
     values[k] = total;
   }
 #endif
+}
+
+// The count, mean and sum of squared deviations from the mean (m2) of a set of values.
+// Two sets combine into the moments of their union (Chan, Golub and LeVeque's pairwise
+// update), as accurately as two passes over the union would give them: a row's mean and
+// variance then take one exchange between its threads instead of two (mean, then the
+// squares about it). The generator uses them for mean(e) followed by mean((e - mean)^2).
+struct Moments {
+  float count, mean, m2;
+};
+__device__ __forceinline__ Moments combine_moments(const Moments& a, const Moments& b) {
+  const float count = a.count + b.count;
+  const float share = count > 0.0f ? b.count / count : 0.0f;  // of b in the union
+  const float delta = b.mean - a.mean;
+  return {count, a.mean + delta * share, a.m2 + b.m2 + delta * delta * a.count * share};
+}
+// The moments of `count` values x from their sums about `shift`, one of the values:
+// sum (x - shift) and sum (x - shift)^2. With the shift among the values, the
+// cancellation in m2 loses at most log2(count + 1) bits, however far the values lie from
+// zero (a register row's thread holds 32 values at most).
+__device__ __forceinline__ Moments shifted_moments(int count, float shift, float sum, float squares) {
+  if (count == 0) return {0.0f, 0.0f, 0.0f};
+  const float n = float(count);
+  const float m2 = squares - sum * (sum / n);
+  return {n, shift + sum / n, m2 < 0.0f ? 0.0f : m2};  // keeps a NaN
+}
+// combine_moments over each group of `group_threads` consecutive threads, as group_reduce
+// combines values. The update is not symmetric in its rounding: each butterfly step takes
+// the lower lane's moments first, so that every thread of the group ends with the same
+// result.
+__device__ __forceinline__ Moments group_moments(Moments value, int group_threads) {
+  return group_combine(value, group_threads, [](Moments mine, int width) {
+    for (int offset = width / 2; offset > 0; offset /= 2) {
+      const Moments other = {__shfl_xor_sync(0xffffffffu, mine.count, offset),
+                             __shfl_xor_sync(0xffffffffu, mine.mean, offset),
+                             __shfl_xor_sync(0xffffffffu, mine.m2, offset)};
+      mine = (threadIdx.x & offset) == 0 ? combine_moments(mine, other) : combine_moments(other, mine);
+    }
+    return mine;
+  });
+}
+// combine_moments over the blocks of the thread-block cluster, in rank order (see
+// cluster_publish).
+__device__ __forceinline__ Moments cluster_moments(Moments value, unsigned& exchanges) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  const float* slot = cluster_publish({value.count, value.mean, value.m2}, exchanges);
+  const unsigned blocks = cluster.num_blocks();
+  const float* first = cluster.map_shared_rank(slot, 0u);
+  value = {first[0], first[1], first[2]};
+  for (unsigned b = 1; b < blocks; ++b) {
+    const float* other = cluster.map_shared_rank(slot, b);
+    value = combine_moments(value, {other[0], other[1], other[2]});
+  }
+#endif
+  return value;
 }
 
 struct Plus {
@@ -243,6 +317,12 @@ struct Reductions {
   template <unsigned M, int K, typename F>
   __device__ __forceinline__ void sums(Columns<M>, float (&out)[K], F terms_at) const {
     self().template reduce_sums<M, K>(terms_at, out);
+  }
+  // The sum of term over the row (out[0]) and the sum of the squares of its deviations
+  // from their mean (out[1]), in one pass and one exchange (Moments).
+  template <unsigned M, typename F>
+  __device__ __forceinline__ void moments(Columns<M>, float (&out)[2], F term) const {
+    self().template reduce_moments<M>(term, out);
   }
   __device__ __forceinline__ const Row& self() const { return static_cast<const Row&>(*this); }
 };
@@ -487,6 +567,31 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
   }
 
   template <unsigned M, typename F>
+  __device__ __forceinline__ void reduce_moments(F term, float (&out)[2]) const {
+    float shift = 0.0f, sum = 0.0f, squares = 0.0f;
+    int count = 0;
+    each_vector<M>([&](int i, int v, const Cached* cols) {
+      AVO_UNROLL
+      for (int j = 0; j < V; ++j) {
+        const float x = term(At{*this, i, j, cols, nullptr});
+        if (i == 0 && j == 0) shift = x;  // the thread's first value: its vectors come in order
+        const float d = x - shift;
+        sum += d;
+        squares = fmaf(d, d, squares);
+      }
+      count += V;
+    });
+    Moments moments = shifted_moments(count, shift, sum, squares);
+    if constexpr (kClustered) {
+      moments = cluster_moments(group_moments(moments, int(blockDim.x)), *exchanges);
+    } else {
+      moments = group_moments(moments, group_threads);
+    }
+    out[0] = moments.mean * moments.count;
+    out[1] = moments.m2;
+  }
+
+  template <unsigned M, typename F>
   __device__ __forceinline__ void for_each(Columns<M>, F body) const {
     each_vector<M>([&](int i, int v, const Cached* cols) {
       Vector staged[Args::kOutputs];
@@ -546,8 +651,8 @@ struct VectorAt {
 // (StagedRow, GlobalRow, TiledRow). Row provides each_vector<M>(visit), which calls
 // visit(slot, v, in) for each of this thread's vectors (`in`: vector v of every
 // per-element input and of the per-column inputs in M), and combine_threads(value,
-// combine) and sum_threads(values), which combine per-thread values over the threads
-// that share the row; for for_each_with_column_sums, `columns`, its per-column sums.
+// combine), sum_threads(values) and (for moments) combine_moments(moments), which
+// combine per-thread values over the threads that share the row; for for_each_with_column_sums, `columns`, its per-column sums.
 template <typename Row, typename T, typename Args, typename Math, int V>
 struct LoadedVectorPasses : Reductions<Row> {
   using At = VectorAt<T, V>;
@@ -576,6 +681,26 @@ struct LoadedVectorPasses : Reductions<Row> {
       }
     });
     this->self().sum_threads(out);
+  }
+
+  template <unsigned M, typename F>
+  __device__ __forceinline__ void reduce_moments(F term, float (&out)[2]) const {
+    float shift = 0.0f, sum = 0.0f, squares = 0.0f;
+    int count = 0;
+    this->self().template each_vector<M>([&](int, int64_t, const Packed<T, V>* in) {
+      AVO_UNROLL
+      for (int j = 0; j < V; ++j) {
+        const float x = term(At{in, j, nullptr});
+        if (j == 0 && count == 0) shift = x;  // the thread's first value
+        const float d = x - shift;
+        sum += d;
+        squares = fmaf(d, d, squares);
+      }
+      count += V;
+    });
+    const Moments moments = this->self().combine_moments(shifted_moments(count, shift, sum, squares));
+    out[0] = moments.mean * moments.count;
+    out[1] = moments.m2;
   }
 
   template <unsigned M, typename F>
@@ -662,6 +787,9 @@ struct StagedRow : RowView<T, Args>, LoadedVectorPasses<StagedRow<T, Args, Math,
   __device__ __forceinline__ void sum_threads(float (&values)[K]) const {
     group_sums(values, blockDim.x);
   }
+  __device__ __forceinline__ Moments combine_moments(const Moments& value) const {
+    return group_moments(value, blockDim.x);
+  }
 
   __device__ __forceinline__ void store_row(int k, float value) const {
     if (threadIdx.x == 0) static_cast<T*>(args.outputs[k])[r] = Element<T>::from_float(value);
@@ -729,6 +857,11 @@ struct GlobalRow : RowView<T, Args>, LoadedVectorPasses<GlobalRow<T, Args, Math,
   __device__ __forceinline__ void sum_threads(float (&values)[K]) const {
     group_sums(values, int(blockDim.x));
     if constexpr (kClustered) cluster_combine(values, Plus{}, *exchanges);
+  }
+  __device__ __forceinline__ Moments combine_moments(const Moments& value) const {
+    const Moments block = group_moments(value, int(blockDim.x));
+    if constexpr (kClustered) return cluster_moments(block, *exchanges);
+    return block;
   }
 
   // for_each whose body also yields the K per-column terms of its element, added to the
@@ -1073,7 +1206,7 @@ __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kClusterBlocksPerSM<T,
 
 // Blocks in a cluster at most: the portable limit, 8; and for a cluster row of blocks of
 // kWideClusterThreads threads or fewer, sm_90's limit, 16, which a kernel must ask for
-// (allow_wide_clusters). On the H200, clusters of 16 blocks of 512 threads ran rows that
+// (raise_kernel_attribute). On the H200, clusters of 16 blocks of 512 threads ran rows that
 // had taken the global version 10-23% faster (16-bit rows of 262144: add_layernorm's and
 // add_rmsnorm's forwards, softmax's and log_softmax's backwards); clusters of 16 blocks of
 // 1024 threads lost 14-20% to it (fp32 forwards of layernorm and swish_layernorm at
@@ -1082,22 +1215,6 @@ __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kClusterBlocksPerSM<T,
 constexpr int kMaxClusterBlocks = 8;
 constexpr int kMaxWideClusterBlocks = 16;
 constexpr int kWideClusterThreads = 512;
-
-// Asks for clusters of more than 8 blocks of `kernel` on `device`, once per kernel and
-// device; false where the GPU does not allow them.
-template <typename Kernel>
-bool allow_wide_clusters(Kernel kernel, const DeviceInfo& device) {
-  static std::mutex lock;
-  static std::map<std::pair<const void*, int>, bool> allowed;
-  const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), device.index);
-  const std::lock_guard<std::mutex> guard(lock);
-  const auto found = allowed.find(key);
-  if (found != allowed.end()) return found->second;
-  const bool granted = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
-  if (!granted) cudaGetLastError();  // an answer here, not a failure of the call
-  allowed.emplace(key, granted);
-  return granted;
-}
 
 // The block size of a cluster row launch: `threads` (a power of two) over at least two
 // blocks, as few as the block size allows.
@@ -1446,7 +1563,9 @@ bool launch_cluster_rows(const Args& args, const Math& math, int64_t vectors, bo
   const int64_t blocks = (threads + block - 1) / block < 2 ? 2 : (threads + block - 1) / block;
   if (blocks > (block <= kWideClusterThreads ? kMaxWideClusterBlocks : kMaxClusterBlocks)) return false;
   const auto kernel = cluster_row_kernel<T, Args, Math, V>;
-  if (blocks > kMaxClusterBlocks && !allow_wide_clusters(kernel, device)) return false;
+  if (blocks > kMaxClusterBlocks &&
+      !raise_kernel_attribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1, device))
+    return false;
   ClusterLaunch clusters(blocks, block, stream);
   const int resident = clusters.resident(kernel);
   if (resident < 1) return false;
@@ -1621,18 +1740,9 @@ void launch_row_op(const Args& args, const Math& math, const RowTuning (&tuning)
       const int threads = threads_for(vectors, kStagedVectors) < 32 ? 32 : threads_for(vectors, kStagedVectors);
       const auto kernel = staged_row_kernel<T, Args, Math, V>;
       // Beyond 48 KiB of shared memory a kernel must ask (the limit counts its static
-      // shared memory too, so ask near it). The grant holds for later launches on the
-      // device: ask again only for more than the largest grant so far.
-      if (staged_bytes > 40 * 1024) {
-        static std::mutex lock;
-        static size_t granted[64] = {};
-        const int index = device.index;
-        const std::lock_guard<std::mutex> guard(lock);
-        if (index < 0 || index >= 64 || staged_bytes > granted[index]) {
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(staged_bytes));
-          if (index >= 0 && index < 64) granted[index] = staged_bytes;
-        }
-      }
+      // shared memory too, so ask from a little below it).
+      if (staged_bytes > 40 * 1024)
+        raise_kernel_attribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(staged_bytes), device);
       const unsigned blocks = chunked ? unsigned(args.chunks)
                                       : resident_grid_size(kernel, args.rows * threads, threads, device, staged_bytes);
       kernel<<<blocks, threads, staged_bytes, stream>>>(args, math);
