@@ -399,6 +399,35 @@ def test_large_offset_on_every_kernel_version(name, dtype, length, row_version):
     check_large_offset(op, tensors, dtype, 1e3 + 1e2)
 
 
+# Every GPU kernel version on softmax rows whose maximum and sum come together
+# (ExpSums): the first half of a row -inf (threads, and blocks of a cluster, that hold
+# only -inf add nothing), a row rising steadily (every vector raises a thread's maximum),
+# a row of a NaN, a row of +inf and a row of -inf only (NaN, as torch gives them).
+@needs_cuda
+@pytest.mark.parametrize("row_version", ["register", "pipelined", "staged", "cluster", "global", "auto"],
+                         indirect=True)
+@pytest.mark.parametrize("length", [1000, 4096, 65536], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_softmax_statistics_on_every_kernel_version(name, dtype, length, row_version):
+    x = randn((6, length), torch.float64, "cpu") * 4
+    x[0, : length // 2] = -float("inf")
+    x[1] = torch.linspace(-30.0, 30.0, length, dtype=torch.float64)
+    x[2, length // 3] = float("nan")
+    x[3, length - 1] = float("inf")
+    x[4] = -float("inf")
+    x = x.to(dtype=dtype, device="cuda")
+    expected = getattr(torch, name)(x.double(), -1)
+    assert expected[2:5].isnan().all()
+    actual = getattr(torch.ops.avo, name)(x)
+    tol = dict(TOLERANCES[dtype])
+    if dtype != torch.float32:
+        tol["atol"] = 1e-3 * expected[5].abs().max().item()
+    else:
+        tol["rtol"] = 1e-4
+    torch.testing.assert_close(actual.double(), expected, equal_nan=True, **tol)
+
+
 @pytest.mark.parametrize("length", [8, 1000, 16384, 65536], ids=str)
 @pytest.mark.parametrize("name", ["layernorm", "swish_layernorm", "add_layernorm"])
 def test_layernorm_rows_with_nan_or_infinity_are_nan_as_in_torch(name, length, device, dtype):

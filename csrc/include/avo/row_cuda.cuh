@@ -492,6 +492,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
     int i, j;
     const Cached* columns;  // this vector of the pass's per-column inputs (load_column_vectors)
     Vector* staged;         // for_each: the outputs of this vector, stored after the body ran
+    bool again = false;     // a second call of one pass's term: its kept values are there
     __device__ __forceinline__ float load(int k) const { return row.cache.v[k][i].get(j); }
     // A missing input's vector holds Math::column_default(k), the same value as `missing`.
     __device__ __forceinline__ float load_col(int k, float) const { return columns[k].get(j); }
@@ -500,7 +501,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
     // cluster row computes it each time.
     template <typename F>
     __device__ __forceinline__ float keep(int h, F value) const {
-      if constexpr (kKeeps) return row.kept[h][i][j] = value();
+      if constexpr (kKeeps) return again ? row.kept[h][i][j] : (row.kept[h][i][j] = value());
       else return value();
     }
     template <typename F>
@@ -530,12 +531,12 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
     }
   }
 
-  template <unsigned M, typename Combine, typename F>
+  template <unsigned M, bool kAgain = false, typename Combine, typename F>
   __device__ __forceinline__ float reduce(F term, Combine combine, float identity) const {
     float partial = identity;
     each_vector<M>([&](int i, int v, const Cached* cols) {
       AVO_UNROLL
-      for (int j = 0; j < V; ++j) partial = combine(partial, term(At{*this, i, j, cols, nullptr}));
+      for (int j = 0; j < V; ++j) partial = combine(partial, term(At{*this, i, j, cols, nullptr, kAgain}));
     });
     if constexpr (kClustered) {
       float value[1] = {group_reduce(partial, combine, int(blockDim.x))};
@@ -566,29 +567,17 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
     }
   }
 
+  // Two passes over the registers, the sum and then the squares about the mean: with the
+  // values at hand, two exchanges cost less than one of Moments (on the H200 the merged
+  // moments lost up to 27% on register and cluster rows).
   template <unsigned M, typename F>
   __device__ __forceinline__ void reduce_moments(F term, float (&out)[2]) const {
-    float shift = 0.0f, sum = 0.0f, squares = 0.0f;
-    int count = 0;
-    each_vector<M>([&](int i, int v, const Cached* cols) {
-      AVO_UNROLL
-      for (int j = 0; j < V; ++j) {
-        const float x = term(At{*this, i, j, cols, nullptr});
-        if (i == 0 && j == 0) shift = x;  // the thread's first value: its vectors come in order
-        const float d = x - shift;
-        sum += d;
-        squares = fmaf(d, d, squares);
-      }
-      count += V;
-    });
-    Moments moments = shifted_moments(count, shift, sum, squares);
-    if constexpr (kClustered) {
-      moments = cluster_moments(group_moments(moments, int(blockDim.x)), *exchanges);
-    } else {
-      moments = group_moments(moments, group_threads);
-    }
-    out[0] = moments.mean * moments.count;
-    out[1] = moments.m2;
+    out[0] = reduce<M>(term, Plus{}, 0.0f);
+    const float mean = out[0] / float(this->length());
+    out[1] = reduce<M, true>([&](const At& at) {
+      const float d = term(at) - mean;
+      return d * d;
+    }, Plus{}, 0.0f);
   }
 
   template <unsigned M, typename F>
@@ -651,8 +640,9 @@ struct VectorAt {
 // (StagedRow, GlobalRow, TiledRow). Row provides each_vector<M>(visit), which calls
 // visit(slot, v, in) for each of this thread's vectors (`in`: vector v of every
 // per-element input and of the per-column inputs in M), and combine_threads(value,
-// combine), sum_threads(values) and (for moments) combine_moments(moments), which
-// combine per-thread values over the threads that share the row; for for_each_with_column_sums, `columns`, its per-column sums.
+// combine) and sum_threads(values), which combine per-thread values over the threads
+// that share the row; kMergesMoments, and where it is true merge_moments(moments); for
+// for_each_with_column_sums, `columns`, its per-column sums.
 template <typename Row, typename T, typename Args, typename Math, int V>
 struct LoadedVectorPasses : Reductions<Row> {
   using At = VectorAt<T, V>;
@@ -683,24 +673,36 @@ struct LoadedVectorPasses : Reductions<Row> {
     this->self().sum_threads(out);
   }
 
+  // Merged Moments (one pass, one exchange) where every pass reads the row from memory
+  // (Row::kMergesMoments: GlobalRow); else two passes, the sum and then the squares
+  // about the mean, as a register row makes them.
   template <unsigned M, typename F>
   __device__ __forceinline__ void reduce_moments(F term, float (&out)[2]) const {
-    float shift = 0.0f, sum = 0.0f, squares = 0.0f;
-    int count = 0;
-    this->self().template each_vector<M>([&](int, int64_t, const Packed<T, V>* in) {
-      AVO_UNROLL
-      for (int j = 0; j < V; ++j) {
-        const float x = term(At{in, j, nullptr});
-        if (j == 0 && count == 0) shift = x;  // the thread's first value
-        const float d = x - shift;
-        sum += d;
-        squares = fmaf(d, d, squares);
-      }
-      count += V;
-    });
-    const Moments moments = this->self().combine_moments(shifted_moments(count, shift, sum, squares));
-    out[0] = moments.mean * moments.count;
-    out[1] = moments.m2;
+    if constexpr (!Row::kMergesMoments) {
+      out[0] = reduce<M>(term, Plus{}, 0.0f);
+      const float mean = out[0] / float(this->self().length());
+      out[1] = reduce<M>([&](const At& at) {
+        const float d = term(at) - mean;
+        return d * d;
+      }, Plus{}, 0.0f);
+    } else {
+      float shift = 0.0f, sum = 0.0f, squares = 0.0f;
+      int count = 0;
+      this->self().template each_vector<M>([&](int, int64_t, const Packed<T, V>* in) {
+        AVO_UNROLL
+        for (int j = 0; j < V; ++j) {
+          const float x = term(At{in, j, nullptr});
+          if (j == 0 && count == 0) shift = x;  // the thread's first value
+          const float d = x - shift;
+          sum += d;
+          squares = fmaf(d, d, squares);
+        }
+        count += V;
+      });
+      const Moments moments = this->self().merge_moments(shifted_moments(count, shift, sum, squares));
+      out[0] = moments.mean * moments.count;
+      out[1] = moments.m2;
+    }
   }
 
   template <unsigned M, typename F>
@@ -787,9 +789,7 @@ struct StagedRow : RowView<T, Args>, LoadedVectorPasses<StagedRow<T, Args, Math,
   __device__ __forceinline__ void sum_threads(float (&values)[K]) const {
     group_sums(values, blockDim.x);
   }
-  __device__ __forceinline__ Moments combine_moments(const Moments& value) const {
-    return group_moments(value, blockDim.x);
-  }
+  static constexpr bool kMergesMoments = false;
 
   __device__ __forceinline__ void store_row(int k, float value) const {
     if (threadIdx.x == 0) static_cast<T*>(args.outputs[k])[r] = Element<T>::from_float(value);
@@ -858,7 +858,8 @@ struct GlobalRow : RowView<T, Args>, LoadedVectorPasses<GlobalRow<T, Args, Math,
     group_sums(values, int(blockDim.x));
     if constexpr (kClustered) cluster_combine(values, Plus{}, *exchanges);
   }
-  __device__ __forceinline__ Moments combine_moments(const Moments& value) const {
+  static constexpr bool kMergesMoments = true;
+  __device__ __forceinline__ Moments merge_moments(const Moments& value) const {
     const Moments block = group_moments(value, int(blockDim.x));
     if constexpr (kClustered) return cluster_moments(block, *exchanges);
     return block;
