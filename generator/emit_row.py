@@ -195,11 +195,12 @@ class RowProgram:
                 and mean.args[1].value == total.value == squares.value)
 
     def _reduction_steps(self) -> list[tuple[str, list[Node]]]:
-        """The reductions in the order apply_lines computes them, a pass over the row and
-        one exchange between its threads each:
+        """The reductions in the order apply_lines computes them, one call of the row each
+        (a pass over the row and one exchange between its threads, but for moments):
           - ("moments", [total, squares]): sum(e), then the sum of the squares of
-            e - sum(e) / N at the next level, as one pass (`row.moments`: the threads'
-            means and squared deviations combine exactly; Moments in avo/row_cuda.cuh);
+            e - sum(e) / N at the next level, as one call (`row.moments`: one pass where
+            the row type merges per-thread moments, else two; Reductions::moments in
+            avo/row_cuda.cuh);
           - ("sums", [...]): the sums of one level (one pass, one exchange);
           - ("reduce", [r]): any other reduction alone."""
         levels, steps, d = self.levels(), [], 0
@@ -377,7 +378,7 @@ class RowProgram:
         return [[r for r in reductions if reduction_depth(r, memo) == d] for d in range(1, depth + 1)]
 
     def reduction_passes(self) -> int:
-        """How many passes over the row reduce it (a row.sum, row.max or row.sums each)."""
+        """How many calls of apply reduce the row (row.sum, row.max, row.sums, row.moments)."""
         return len(self._reduction_steps())
 
     def apply_lines(self) -> list[str]:
@@ -562,7 +563,7 @@ def emit_row_math(s: OpSchedule) -> str:
                       "  // Per-element values computed once and kept by rows that hold the row in registers",
                       "  // (at.keep / at.kept).",
                       f"  static constexpr int kKeptValues = {kept};",
-                      "  // Passes over the row that reduce it (row.sum, row.max, row.sums, ...).",
+                      "  // Calls that reduce the row (row.sum, row.max, row.sums, row.moments, ...).",
                       f"  static constexpr int kReductionPasses = {reduction_passes};", ""]
             lines += ["  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or",
                       "  // avo/row_cuda.cuh.",

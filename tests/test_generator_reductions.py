@@ -384,10 +384,10 @@ def test_every_pass_lists_exactly_the_columns_it_reads(path):
 
 
 def test_layernorm_reads_weight_and_bias_only_where_it_uses_them():
-    """The forward's one reduction pass (mean and variance together) reads no parameter;
-    its output pass reads weight and bias (inputs 1 and 2). The backward (inputs grad_y, mu, rstd, x, weight, bias) reads weight
-    (input 4) in its sums and in its last pass, which computes grad_x and the parameter
-    gradients' terms together."""
+    """The forward's one reduction (mean and variance, row.moments) reads no parameter;
+    its output pass reads weight and bias (inputs 1 and 2). The backward (inputs grad_y,
+    mu, rstd, x, weight, bias) reads weight (input 4) in its sums and in its last pass,
+    which computes grad_x and the parameter gradients' terms together."""
     source = (ROOT / "csrc" / "generated" / "layernorm_math.h").read_text(encoding="utf-8")
     forward, backward = source.split("struct BackwardMath")
     assert [(c, t) for c, t, _ in _passes_and_columns(forward)] == [("moments", set()), ("for_each", {1, 2})]
@@ -417,9 +417,11 @@ def _struct(op: str, role: str) -> str:
 
 
 def test_swish_layernorm_keeps_swish_after_its_first_pass():
-    """swish = x * sigmoid(x) is a kept value of the forward: its first pass (mean and
-    variance together) computes it (at.keep), the output pass takes it (at.kept). Outside those lambdas no pass reads x or
-    calls sigmoid, so a row that holds swish in registers computes it once per element."""
+    """swish = x * sigmoid(x) is a kept value of the forward: its reduction (mean and
+    variance, row.moments) computes it (at.keep), the output pass takes it (at.kept).
+    Outside those lambdas no pass reads x or calls sigmoid, so a row that holds swish in
+    registers computes it once per element (the second pass of a two-pass row.moments
+    reads it back)."""
     forward = _struct("swish_layernorm", "forward")
     assert "static constexpr int kKeptValues = 1;" in forward
     assert [m for m in re.findall(r"at\.(keep|kept)\(0, ", forward)] == ["keep", "kept"]
@@ -513,8 +515,8 @@ def test_output_read_by_later_math_is_read_as_stored_and_its_backward_reads_it_b
                                          ("channel_norm", True), ("rmsnorm", False), ("add_rmsnorm", False),
                                          ("softmax", False), ("log_softmax", False)])
 def test_a_mean_and_the_variance_about_it_take_one_moments_pass(op, expected):
-    """sum(e) followed by sum((e - sum(e) / N)^2) is one row.moments pass (one exchange
-    between the threads of a row instead of two); a mean of squares (rmsnorm) or a
+    """sum(e) followed by sum((e - sum(e) / N)^2) is one row.moments call (the global
+    version makes it one pass and one exchange); a mean of squares (rmsnorm) or a
     maximum and a sum of exponentials (softmax) is no such pair."""
     forward = _struct(op, "forward")
     assert ("row.moments(" in forward) == expected

@@ -399,10 +399,10 @@ def test_large_offset_on_every_kernel_version(name, dtype, length, row_version):
     check_large_offset(op, tensors, dtype, 1e3 + 1e2)
 
 
-# Every GPU kernel version on softmax rows whose maximum and sum come together
-# (ExpSums): the first half of a row -inf (threads, and blocks of a cluster, that hold
-# only -inf add nothing), a row rising steadily (every vector raises a thread's maximum),
-# a row of a NaN, a row of +inf and a row of -inf only (NaN, as torch gives them).
+# Every GPU kernel version on softmax rows at the edges of its maximum and sum: the
+# first half of a row -inf (threads, and blocks of a cluster, that hold only -inf), a row
+# rising steadily, a row with a NaN, a row with +inf and a row of -inf only (NaN, as torch
+# gives them).
 @needs_cuda
 @pytest.mark.parametrize("row_version", ["register", "pipelined", "staged", "cluster", "global", "auto"],
                          indirect=True)
@@ -453,10 +453,11 @@ def test_layernorm_rows_with_nan_or_infinity_are_nan_as_in_torch(name, length, d
 @pytest.mark.parametrize("length", [1, 1000, 4096, 65536], ids=str)
 @pytest.mark.parametrize("name", ["layernorm", "swish_layernorm", "add_layernorm"])
 def test_constant_rows_normalize_to_exactly_the_bias(name, length, device, dtype):
-    """Every value of a row equal: the mean is that value exactly and the variance zero
-    (each thread's moments start from its first value), so y is the bias. The value
-    times the length is exact in fp32 (1000.5 has 11 significant bits, 1000 has 7), so
-    even the mean's sum / length loses nothing."""
+    """Every value of a row equal: the mean is that value exactly and the variance zero,
+    so y is the bias. The value times any count up to the length is exact in fp32
+    (1000.5 has 11 significant bits, 1000 has 7), so neither the sums of the two-pass
+    versions nor the global version's merged moments (each thread's start from its first
+    value) round."""
     op = OPS[name]
     tensors = make_inputs(op, (4, length), dtype, device)
     value = 1000.5 if dtype == torch.float32 else 1000.0

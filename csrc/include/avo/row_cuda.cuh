@@ -224,9 +224,9 @@ __device__ __forceinline__ void cluster_combine(float (&values)[K], Combine comb
 
 // The count, mean and sum of squared deviations from the mean (m2) of a set of values.
 // Two sets combine into the moments of their union (Chan, Golub and LeVeque's pairwise
-// update), as accurately as two passes over the union would give them: a row's mean and
-// variance then take one exchange between its threads instead of two (mean, then the
-// squares about it). The generator uses them for mean(e) followed by mean((e - mean)^2).
+// update), as accurately as two passes over the union would give them: a global row's
+// mean and variance then take one read of the row and one exchange between its threads
+// instead of two (Reductions::moments).
 struct Moments {
   float count, mean, m2;
 };
@@ -319,10 +319,25 @@ struct Reductions {
     self().template reduce_sums<M, K>(terms_at, out);
   }
   // The sum of term over the row (out[0]) and the sum of the squares of its deviations
-  // from their mean (out[1]), in one pass and one exchange (Moments).
+  // from their mean (out[1]). A row type whose every pass reads the row from memory
+  // (kMergesMoments: GlobalRow) merges per-thread Moments, one pass and one exchange
+  // (reduce_moments); the others make two passes, the sum and then the squares about the
+  // mean: with the values at hand, two exchanges of one value cost less than one of
+  // Moments (on the H200 merging lost up to 27% on register and cluster rows). The second
+  // pass reads back the values the first one kept (reduce<M, true>).
+  static constexpr bool kMergesMoments = false;
   template <unsigned M, typename F>
-  __device__ __forceinline__ void moments(Columns<M>, float (&out)[2], F term) const {
-    self().template reduce_moments<M>(term, out);
+  __device__ __forceinline__ void moments(Columns<M> columns, float (&out)[2], F term) const {
+    if constexpr (Row::kMergesMoments) {
+      self().template reduce_moments<M>(term, out);
+    } else {
+      out[0] = sum(columns, term);
+      const float mean = out[0] / float(self().length());
+      out[1] = self().template reduce<M, true>([&](const auto& at) {
+        const float d = term(at) - mean;
+        return d * d;
+      }, Plus{}, 0.0f);
+    }
   }
   __device__ __forceinline__ const Row& self() const { return static_cast<const Row&>(*this); }
 };
@@ -531,6 +546,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
     }
   }
 
+  // kAgain: a second pass over a term whose kept values the first pass stored.
   template <unsigned M, bool kAgain = false, typename Combine, typename F>
   __device__ __forceinline__ float reduce(F term, Combine combine, float identity) const {
     float partial = identity;
@@ -565,19 +581,6 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
     } else {
       group_sums(out, group_threads);
     }
-  }
-
-  // Two passes over the registers, the sum and then the squares about the mean: with the
-  // values at hand, two exchanges cost less than one of Moments (on the H200 the merged
-  // moments lost up to 27% on register and cluster rows).
-  template <unsigned M, typename F>
-  __device__ __forceinline__ void reduce_moments(F term, float (&out)[2]) const {
-    out[0] = reduce<M>(term, Plus{}, 0.0f);
-    const float mean = out[0] / float(this->length());
-    out[1] = reduce<M, true>([&](const At& at) {
-      const float d = term(at) - mean;
-      return d * d;
-    }, Plus{}, 0.0f);
   }
 
   template <unsigned M, typename F>
@@ -641,13 +644,14 @@ struct VectorAt {
 // visit(slot, v, in) for each of this thread's vectors (`in`: vector v of every
 // per-element input and of the per-column inputs in M), and combine_threads(value,
 // combine) and sum_threads(values), which combine per-thread values over the threads
-// that share the row; kMergesMoments, and where it is true merge_moments(moments); for
+// that share the row; where it sets kMergesMoments, merge_moments(moments); for
 // for_each_with_column_sums, `columns`, its per-column sums.
 template <typename Row, typename T, typename Args, typename Math, int V>
 struct LoadedVectorPasses : Reductions<Row> {
   using At = VectorAt<T, V>;
 
-  template <unsigned M, typename Combine, typename F>
+  // kAgain as in RegisterRow::reduce; these rows keep no values, so it changes nothing.
+  template <unsigned M, bool kAgain = false, typename Combine, typename F>
   __device__ __forceinline__ float reduce(F term, Combine combine, float identity) const {
     float partial = identity;
     this->self().template each_vector<M>([&](int, int64_t, const Packed<T, V>* in) {
@@ -673,36 +677,26 @@ struct LoadedVectorPasses : Reductions<Row> {
     this->self().sum_threads(out);
   }
 
-  // Merged Moments (one pass, one exchange) where every pass reads the row from memory
-  // (Row::kMergesMoments: GlobalRow); else two passes, the sum and then the squares
-  // about the mean, as a register row makes them.
+  // Merged Moments, one pass and one exchange (Reductions::moments, for a Row whose
+  // kMergesMoments is true: it provides merge_moments).
   template <unsigned M, typename F>
   __device__ __forceinline__ void reduce_moments(F term, float (&out)[2]) const {
-    if constexpr (!Row::kMergesMoments) {
-      out[0] = reduce<M>(term, Plus{}, 0.0f);
-      const float mean = out[0] / float(this->self().length());
-      out[1] = reduce<M>([&](const At& at) {
-        const float d = term(at) - mean;
-        return d * d;
-      }, Plus{}, 0.0f);
-    } else {
-      float shift = 0.0f, sum = 0.0f, squares = 0.0f;
-      int count = 0;
-      this->self().template each_vector<M>([&](int, int64_t, const Packed<T, V>* in) {
-        AVO_UNROLL
-        for (int j = 0; j < V; ++j) {
-          const float x = term(At{in, j, nullptr});
-          if (j == 0 && count == 0) shift = x;  // the thread's first value
-          const float d = x - shift;
-          sum += d;
-          squares = fmaf(d, d, squares);
-        }
-        count += V;
-      });
-      const Moments moments = this->self().merge_moments(shifted_moments(count, shift, sum, squares));
-      out[0] = moments.mean * moments.count;
-      out[1] = moments.m2;
-    }
+    float shift = 0.0f, sum = 0.0f, squares = 0.0f;
+    int count = 0;
+    this->self().template each_vector<M>([&](int, int64_t, const Packed<T, V>* in) {
+      AVO_UNROLL
+      for (int j = 0; j < V; ++j) {
+        const float x = term(At{in, j, nullptr});
+        if (j == 0 && count == 0) shift = x;  // the thread's first value
+        const float d = x - shift;
+        sum += d;
+        squares = fmaf(d, d, squares);
+      }
+      count += V;
+    });
+    const Moments moments = this->self().merge_moments(shifted_moments(count, shift, sum, squares));
+    out[0] = moments.mean * moments.count;
+    out[1] = moments.m2;
   }
 
   template <unsigned M, typename F>
@@ -789,7 +783,6 @@ struct StagedRow : RowView<T, Args>, LoadedVectorPasses<StagedRow<T, Args, Math,
   __device__ __forceinline__ void sum_threads(float (&values)[K]) const {
     group_sums(values, blockDim.x);
   }
-  static constexpr bool kMergesMoments = false;
 
   __device__ __forceinline__ void store_row(int k, float value) const {
     if (threadIdx.x == 0) static_cast<T*>(args.outputs[k])[r] = Element<T>::from_float(value);
