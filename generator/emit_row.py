@@ -5,12 +5,14 @@ per chunk of rows and then summed over the chunks in a fixed order (deterministi
 
 The math of a row op is one function, `apply(row)`, written against a row object that
 provides `row.sum(term)`, `row.max(term)`, `row.sums(out, terms)` (several
-independent sums in one pass), `row.for_each(body)` and, for a backward with per-column
-outputs, `row.for_each_with_column_sums<K>(body)` (the last pass: the body stores the
-element outputs and yields the K per-column terms); each calls its lambda once per
-element with an element handle `at` (`at.load(k)`, `at.load_col(k, missing)`,
-`at.store(k, value)`). The CPU (avo/row_cpu.h) and the GPU (avo/row_cuda.cuh: its four
-row versions) supply their own.
+independent sums in one pass), `row.sum_squares(term)` (the sum of term * term),
+`row.moments(out, term)` (a sum and the sum of the squares about its mean),
+`row.for_each(body)` and, for a backward with per-column outputs,
+`row.for_each_with_column_sums<K>(body)` (the last pass: the body stores the element
+outputs and yields the K per-column terms); each calls its lambda once per element with
+an element handle `at` (`at.load(k)`, `at.load_col(k, missing)`, `at.store(k, value)`).
+The CPU (avo/row_cpu.h) and the GPU (avo/row_cuda.cuh: its row versions) supply their
+own.
 
 A costly per-element value that several passes need and that depends on the element's
 inputs only (swish_layernorm's x * sigmoid(x)) is a *kept value*: the first pass computes
@@ -194,6 +196,11 @@ class RowProgram:
         return (mean.op == "div" and mean.args[0] is total and mean.args[1].op == "dim"
                 and mean.args[1].value == total.value == squares.value)
 
+    @staticmethod
+    def _is_squares(r: Node) -> bool:
+        """Whether r is sum(e * e)."""
+        return r.op == "rsum" and r.args[0].op == "mul" and r.args[0].args[0] is r.args[0].args[1]
+
     def _reduction_steps(self) -> list[tuple[str, list[Node]]]:
         """The reductions in the order apply_lines computes them, one call of the row each
         (a pass over the row and one exchange between its threads, but for moments):
@@ -202,6 +209,8 @@ class RowProgram:
             the row type merges per-thread moments, else two; Reductions::moments in
             avo/row_cuda.cuh);
           - ("sums", [...]): the sums of one level (one pass, one exchange);
+          - ("squares", [r]): a sum of e * e alone, as `row.sum_squares(term = e)`
+            (each square added in one fused multiply-add on the GPU);
           - ("reduce", [r]): any other reduction alone."""
         levels, steps, d = self.levels(), [], 0
         while d < len(levels):
@@ -210,15 +219,19 @@ class RowProgram:
                 steps.append(("moments", [levels[d][0], levels[d + 1][0]]))
                 d += 2
                 continue
-            steps += [("sums" if len(reductions) > 1 else "reduce", reductions)
-                      for reductions in self._stage_passes(levels[d])]
+            steps += [("sums" if len(reductions) > 1 else "squares" if self._is_squares(reductions[0]) else "reduce",
+                       reductions) for reductions in self._stage_passes(levels[d])]
             d += 1
         return steps
 
     @staticmethod
     def _step_roots(kind: str, reductions: list[Node]) -> list[Node]:
         """What the pass of a reduction step computes at each element."""
-        return [reductions[0].args[0]] if kind == "moments" else [r.args[0] for r in reductions]
+        if kind == "moments":
+            return [reductions[0].args[0]]
+        if kind == "squares":
+            return [reductions[0].args[0].args[0]]
+        return [r.args[0] for r in reductions]
 
     def _passes(self) -> list[list[Node]]:
         """The roots of each pass over the row, in the order apply_lines emits them."""
@@ -378,7 +391,8 @@ class RowProgram:
         return [[r for r in reductions if reduction_depth(r, memo) == d] for d in range(1, depth + 1)]
 
     def reduction_passes(self) -> int:
-        """How many calls of apply reduce the row (row.sum, row.max, row.sums, row.moments)."""
+        """How many calls of apply reduce the row (row.sum, row.max, row.sums, row.moments,
+        row.sum_squares)."""
         return len(self._reduction_steps())
 
     def apply_lines(self) -> list[str]:
@@ -401,9 +415,10 @@ class RowProgram:
                 lines += self._fused_sums(reductions)
                 continue
             r = reductions[0]
+            call = "sum_squares" if kind == "squares" else REDUCE_CALL[r.op]
             name = _fresh(self.taken, f"{REDUCE_CALL[r.op]}_")
-            block, columns = self._element_block({"term": r.args[0]})
-            lines.append(f"const float {name} = row.{REDUCE_CALL[r.op]}({columns}, [&](const auto& at) {{")
+            block, columns = self._element_block({"term": self._step_roots(kind, reductions)[0]})
+            lines.append(f"const float {name} = row.{call}({columns}, [&](const auto& at) {{")
             lines += [f"  {line}" for line in block] + ["  return term;", "});"]
             self.known[id(r)] = name
         outputs = list(self.kernel.outputs)
@@ -563,7 +578,7 @@ def emit_row_math(s: OpSchedule) -> str:
                       "  // Per-element values computed once and kept by rows that hold the row in registers",
                       "  // (at.keep / at.kept).",
                       f"  static constexpr int kKeptValues = {kept};",
-                      "  // Calls that reduce the row (row.sum, row.max, row.sums, row.moments, ...).",
+                      "  // Calls that reduce the row (row.sum, row.max, row.sums, row.sum_squares, row.moments, ...).",
                       f"  static constexpr int kReductionPasses = {reduction_passes};", ""]
             lines += ["  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or",
                       "  // avo/row_cuda.cuh.",

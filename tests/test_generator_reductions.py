@@ -351,7 +351,8 @@ def test_reduction_errors_name_the_line(line, message):
     assert message in str(error.value)
 
 
-PASS_CALL = re.compile(r"row\.(?:template )?(sum|sums|moments|max|min|for_each_with_column_sums|for_each)(?:<\w+>)?\(avo::columns<([0-9, ]*)>")
+PASS_CALL = re.compile(r"row\.(?:template )?(sum_squares|sum|sums|moments|max|min|for_each_with_column_sums|for_each)"
+                       r"(?:<\w+>)?\(avo::columns<([0-9, ]*)>")
 
 
 def _passes_and_columns(source: str) -> list[tuple[str, set[int], set[int]]]:
@@ -377,7 +378,8 @@ def test_every_pass_lists_exactly_the_columns_it_reads(path):
     read an unloaded vector and an extra one would load for nothing."""
     source = path.read_text(encoding="utf-8")
     passes = _passes_and_columns(source)
-    every_call = re.findall(r"row\.(?:template )?(?:sum|sums|moments|max|min|for_each_with_column_sums|for_each)(?:<\w+>)?\(", source)
+    every_call = re.findall(r"row\.(?:template )?(?:sum_squares|sum|sums|moments|max|min|for_each_with_column_sums|"
+                            r"for_each)(?:<\w+>)?\(", source)
     assert passes and len(passes) == len(every_call)
     for call, tagged, loaded in passes:
         assert tagged == loaded, (call, tagged, loaded)
@@ -445,13 +447,14 @@ def test_no_kept_values_where_they_do_not_pay(op, role):
 @pytest.mark.parametrize("path", ROW_MATH, ids=lambda p: p.name)
 def test_reduction_passes_count_the_calls_that_reduce_the_row(path):
     """kReductionPasses (which lets a backward take the tiled version when it is 1) is the
-    number of row.sum / row.max / row.min / row.sums / row.moments calls of apply."""
+    number of row.sum / row.max / row.min / row.sums / row.sum_squares / row.moments calls
+    of apply."""
     structs = path.read_text(encoding="utf-8").split("\nstruct ")[1:]
     assert structs
     for struct in structs:
         declared = re.search(r"static constexpr int kReductionPasses = (\d+);", struct)
         assert declared, struct[:60]
-        calls = re.findall(r"row\.(?:template )?(?:sum|max|min|sums|moments)\(", struct)
+        calls = re.findall(r"row\.(?:template )?(?:sum_squares|sum|max|min|sums|moments)\(", struct)
         assert int(declared.group(1)) == len(calls), struct[:60]
 
 
@@ -523,3 +526,17 @@ def test_a_mean_and_the_variance_about_it_take_one_moments_pass(op, expected):
     if expected:
         assert "static constexpr int kReductionPasses = 1;" in forward
         assert not re.search(r"row\.(?:sum|sums)\(", forward)
+
+
+@pytest.mark.parametrize("op,expected", [("rmsnorm", True), ("add_rmsnorm", True), ("layernorm", False),
+                                         ("softmax", False), ("log_softmax", False)])
+def test_a_sum_of_squares_is_one_sum_squares_call_on_the_base(op, expected):
+    """sum(e * e) alone is row.sum_squares with e as its term (the GPU adds each square in
+    one fused multiply-add), so no forward squares its term itself before a plain sum."""
+    forward = _struct(op, "forward")
+    assert ("row.sum_squares(" in forward) == expected
+    if expected:
+        body = forward[forward.index("row.sum_squares("):]
+        body = body[:body.index("});")]
+        term = re.search(r"const float term = (.*);", body).group(1)
+        assert "*" not in term, term

@@ -30,7 +30,7 @@ struct ForwardMath {
   // Per-element values computed once and kept by rows that hold the row in registers
   // (at.keep / at.kept).
   static constexpr int kKeptValues = 0;
-  // Calls that reduce the row (row.sum, row.max, row.sums, row.moments, ...).
+  // Calls that reduce the row (row.sum, row.max, row.sums, row.sum_squares, row.moments, ...).
   static constexpr int kReductionPasses = 1;
 
   // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
@@ -39,11 +39,11 @@ struct ForwardMath {
   AVO_HOST_DEVICE void apply(const Row& row) const {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
-    const float sum_0 = row.sum(avo::columns<>, [&](const auto& at) {
+    const float sum_0 = row.sum_squares(avo::columns<>, [&](const auto& at) {
       const float x = at.load(0);
       const float residual = at.load(1);
       const float hidden = row.as_stored(x + residual);
-      const float term = hidden * hidden;
+      const float term = hidden;
       return term;
     });
     const float rrms = F::rsqrt(sum_0 / length + eps);
@@ -76,7 +76,7 @@ struct BackwardMath {
   // Per-element values computed once and kept by rows that hold the row in registers
   // (at.keep / at.kept).
   static constexpr int kKeptValues = 0;
-  // Calls that reduce the row (row.sum, row.max, row.sums, row.moments, ...).
+  // Calls that reduce the row (row.sum, row.max, row.sums, row.sum_squares, row.moments, ...).
   static constexpr int kReductionPasses = 1;
 
   // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or

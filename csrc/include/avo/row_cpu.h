@@ -63,6 +63,16 @@ struct SerialRow : RowView<T, Args> {
     out[0] = float(total);
     out[1] = float(squares);
   }
+  // The sum of the squares of term, in double.
+  template <unsigned M, typename F>
+  float sum_squares(Columns<M>, F term) const {
+    double total = 0.0;
+    for (int64_t n = 0; n < args.length; ++n) {
+      const double t = term(At{*this, n});
+      total += t * t;
+    }
+    return float(total);
+  }
   template <unsigned M, typename F>
   float max(Columns<M>, F term) const {
     float best = -std::numeric_limits<float>::infinity();

@@ -278,8 +278,17 @@ __device__ __forceinline__ Moments cluster_moments(Moments value, unsigned& exch
   return value;
 }
 
+// How a reduction combines: `accumulate` adds one element's term to a thread's partial,
+// operator() merges two partials (between threads).
 struct Plus {
   __device__ float operator()(float a, float b) const { return a + b; }
+  __device__ float accumulate(float partial, float term) const { return partial + term; }
+};
+// The sum of the squares of the terms: each square added in one fused multiply-add (one
+// rounding, one instruction where a product and a sum take two).
+struct SquaresPlus {
+  __device__ float operator()(float a, float b) const { return a + b; }
+  __device__ float accumulate(float partial, float term) const { return fmaf(term, term, partial); }
 };
 // A row's maximum and minimum propagate NaN, as Functions::maximum and minimum do: from
 // sm_80 on in one instruction (max.NaN), where those take a compare, a NaN test and a
@@ -299,6 +308,7 @@ struct Extremum {
 #endif
     return m;
   }
+  __device__ float accumulate(float partial, float term) const { return (*this)(partial, term); }
 };
 using Max = Extremum<true>;
 using Min = Extremum<false>;
@@ -313,6 +323,11 @@ struct Reductions {
   __device__ __forceinline__ float max(Columns<M>, F term) const { return self().template reduce<M>(term, Max{}, -INFINITY); }
   template <unsigned M, typename F>
   __device__ __forceinline__ float min(Columns<M>, F term) const { return self().template reduce<M>(term, Min{}, INFINITY); }
+  // The sum of the squares of term.
+  template <unsigned M, typename F>
+  __device__ __forceinline__ float sum_squares(Columns<M>, F term) const {
+    return self().template reduce<M>(term, SquaresPlus{}, 0.0f);
+  }
   // Several sums in one pass over the row: out[k] = the sum of terms[k].
   template <unsigned M, int K, typename F>
   __device__ __forceinline__ void sums(Columns<M>, float (&out)[K], F terms_at) const {
@@ -333,10 +348,7 @@ struct Reductions {
     } else {
       out[0] = sum(columns, term);
       const float mean = out[0] / float(self().length());
-      out[1] = self().template reduce<M, true>([&](const auto& at) {
-        const float d = term(at) - mean;
-        return d * d;
-      }, Plus{}, 0.0f);
+      out[1] = self().template reduce<M, true>([&](const auto& at) { return term(at) - mean; }, SquaresPlus{}, 0.0f);
     }
   }
   __device__ __forceinline__ const Row& self() const { return static_cast<const Row&>(*this); }
@@ -552,7 +564,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
     float partial = identity;
     each_vector<M>([&](int i, int v, const Cached* cols) {
       AVO_UNROLL
-      for (int j = 0; j < V; ++j) partial = combine(partial, term(At{*this, i, j, cols, nullptr, kAgain}));
+      for (int j = 0; j < V; ++j) partial = combine.accumulate(partial, term(At{*this, i, j, cols, nullptr, kAgain}));
     });
     if constexpr (kClustered) {
       float value[1] = {group_reduce(partial, combine, int(blockDim.x))};
@@ -656,7 +668,7 @@ struct LoadedVectorPasses : Reductions<Row> {
     float partial = identity;
     this->self().template each_vector<M>([&](int, int64_t, const Packed<T, V>* in) {
       AVO_UNROLL
-      for (int j = 0; j < V; ++j) partial = combine(partial, term(At{in, j, nullptr}));
+      for (int j = 0; j < V; ++j) partial = combine.accumulate(partial, term(At{in, j, nullptr}));
     });
     return this->self().combine_threads(partial, combine);
   }
