@@ -187,12 +187,12 @@ class RowProgram:
     def _is_centered_squares(total: Node, squares: Node) -> bool:
         """Whether `squares` is sum((e - total / N) * (e - total / N)) for total = sum(e):
         the sums of a mean and a variance."""
-        if total.op != "rsum" or squares.op != "rsum" or squares.args[0].op != "mul":
+        if total.op != "rsum" or not RowProgram._is_squares(squares):
             return False
-        left, right = squares.args[0].args
-        if left is not right or left.op != "sub" or left.args[0] is not total.args[0]:
+        deviation = squares.args[0].args[0]
+        if deviation.op != "sub" or deviation.args[0] is not total.args[0]:
             return False
-        mean = left.args[1]
+        mean = deviation.args[1]
         return (mean.op == "div" and mean.args[0] is total and mean.args[1].op == "dim"
                 and mean.args[1].value == total.value == squares.value)
 
