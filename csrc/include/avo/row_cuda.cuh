@@ -20,6 +20,8 @@
 //    registers of one block cannot hold (sm_90): the row is split over the 2 to 8 blocks
 //    (16 where blocks have 512 threads or fewer) of a thread-block cluster, each block holding its part in registers; reductions
 //    combine the blocks through distributed shared memory. Pipelined where it can be.
+//    Where the call sums no columns, each thread copies its vectors of the per-column
+//    inputs (weight, bias) into shared memory once per kernel (ColumnStage).
 //  - GlobalRow, for the rest: each pass reads the row from global memory again (from L2
 //    after the first pass: launch_global_rows keeps few enough rows in flight). A block
 //    takes a row, or on sm_90 a cluster of up to 8 blocks shares a long row of 16-byte
@@ -88,6 +90,10 @@ struct Packed {
       w[0] = *reinterpret_cast<const unsigned*>(p);
     }
   }
+  __device__ __forceinline__ void store(T* p) const {
+    if constexpr (sizeof(w) == 16) *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+    else *reinterpret_cast<unsigned*>(p) = w[0];
+  }
   // Every element set to `value` (a missing parameter's default).
   __device__ __forceinline__ void fill(float value) {
     unsigned word = __float_as_uint(value);
@@ -120,6 +126,7 @@ template <typename T, int V>
 struct Packed<T, V, false> {
   Vec<T, V> vec;
   __device__ __forceinline__ void load(const T* p) { vec = load_vec<V>(p); }
+  __device__ __forceinline__ void store(T* p) const { store_vec<V>(p, vec); }
   __device__ __forceinline__ void fill(float value) {
     AVO_UNROLL
     for (int j = 0; j < V; ++j) vec.v[j] = Element<T>::from_float(value);
@@ -396,6 +403,54 @@ __device__ __forceinline__ void load_column_vectors(const Args& args, int64_t v,
 template <typename Math>
 constexpr int kElementInputCount = __builtin_popcount(Math::kElementInputs);
 
+// A cluster row's copy of this thread's vectors of the per-column inputs (weight, bias),
+// in shared memory: a thread holds the same columns in every row it takes, so it loads
+// them from global memory once per kernel, not in every row's passes that read them.
+// Without it, those loads were L2 reads issued only in the last pass of each row, after
+// the reductions' barriers, and waited for with nothing else in flight (layernorm's bf16
+// forward at 1024x65536 read 70% of its bytes from L2). The copy is kept in shared memory,
+// not registers: the 64 registers of a 1024-thread block hold the row and the next row.
+// Input k's vector i of thread t is at ((slot(k) * P + i) * blockDim.x + t) * V, so a
+// warp reads consecutive 16-byte vectors. Missing inputs are copied as Math's default.
+// The copy is the kernel's dynamic shared memory, whose address is a constant: the row
+// holds only whether there is one (a pointer took two of the 64 registers that
+// add_layernorm's 16-bit forward has, and it spilled).
+template <typename T, typename Args, typename Math, int P, int V>
+struct ColumnStage {
+  using Cached = Packed<T, V>;
+  static constexpr int kSlots = __builtin_popcount(Math::kColumnInputs);
+  bool present;  // false: the kernel was launched without the copy
+
+  __host__ __device__ static constexpr int slot(int k) { return __builtin_popcount(Math::kColumnInputs & ((1u << k) - 1u)); }
+  static size_t bytes(int block_threads) { return size_t(kSlots) * P * size_t(block_threads) * V * sizeof(T); }
+
+  __device__ __forceinline__ static T* at(int k, int i) {
+    extern __shared__ __align__(16) unsigned char column_stage_memory[];
+    return reinterpret_cast<T*>(column_stage_memory) + (int(slot(k) * P + i) * int(blockDim.x) + int(threadIdx.x)) * V;
+  }
+  // Copies this thread's vectors i * threads + lane (i < P) of the per-column inputs.
+  __device__ __forceinline__ void fill(const Args& args, int lane, int threads) const {
+    const int vectors = int(args.length / V);
+    AVO_UNROLL
+    for (int i = 0; i < P; ++i) {
+      const int v = i * threads + lane;
+      if (v >= vectors) continue;
+      Cached columns[Args::kInputs];
+      load_column_vectors<Math::kColumnInputs, Math>(args, v, columns);
+      AVO_UNROLL
+      for (int k = 0; k < Args::kInputs; ++k)
+        if ((Math::kColumnInputs >> k) & 1u) columns[k].store(at(k, i));
+    }
+  }
+  // This thread's vector i of the per-column inputs in ColumnMask.
+  template <unsigned ColumnMask>
+  __device__ __forceinline__ void load(int i, Cached (&columns)[Args::kInputs]) const {
+    AVO_UNROLL
+    for (int k = 0; k < Args::kInputs; ++k)
+      if ((ColumnMask >> k) & 1u) columns[k].load(at(k, i));
+  }
+};
+
 // Vectors per thread of a RegisterRow, and its largest group (its block): smaller when
 // the thread also keeps per-column sums or kept values (V floats a vector), or caches
 // several inputs, so nothing spills. A cluster row keeps no values (it computes them in
@@ -486,6 +541,8 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
   Chunk* chunk;         // nullptr when the call wants no per-column outputs
   unsigned* exchanges;  // kClustered: the cluster exchanges so far (cluster_combine)
   Vectors cache;
+  // kClustered: the kernel's copy of this thread's per-column vectors, if it made one.
+  ColumnStage<T, Args, Math, P, V> column_stage = {false};
   // The kept values of this thread's elements (at.keep, in the row's first pass that
   // reads them); later passes read them here instead of computing them again.
   mutable float kept[kKeeps ? Math::kKeptValues : 1][kKeeps ? P : 1][kKeeps ? V : 1];
@@ -564,6 +621,13 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
         }
       }
       Cached columns[Args::kInputs];
+      if constexpr (kClustered && Math::kColumnInputs != 0) {
+        if (column_stage.present) {
+          column_stage.template load<ColumnMask>(i, columns);
+          visit(i, v, columns);
+          continue;
+        }
+      }
       load_column_vectors<ColumnMask, Math>(args, v, columns);
       visit(i, v, columns);
     }
@@ -1206,8 +1270,12 @@ __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math>)
 // Cluster q takes rows q, q + clusters, ...; with per-column sums cluster c takes chunk c.
 // Pipelined wherever kCanPipeline<Math> (on the H200 that gained 3-13% on every row the
 // cluster version takes).
+// With `stage_columns` (a call without per-column sums: launch_cluster_rows then gives
+// the kernel ColumnStage::bytes of shared memory) each thread first copies its vectors of
+// the per-column inputs there.
 template <typename T, typename Args, typename Math, int V>
-__global__ void __launch_bounds__(kMaxGroupThreads<Math>, kClusterBlocksPerSM<T, Math>) cluster_row_kernel(const Args args, const Math math) {
+__global__ void __launch_bounds__(kMaxGroupThreads<Math>, kClusterBlocksPerSM<T, Math>)
+    cluster_row_kernel(const Args args, const Math math, bool stage_columns) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Row = RegisterRow<T, Args, Math, V, true>;
   namespace cg = cooperative_groups;
@@ -1217,17 +1285,24 @@ __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kClusterBlocksPerSM<T,
   const int lane = int(cluster.block_rank()) * int(blockDim.x) + int(threadIdx.x);
   const int64_t cluster_index = blockIdx.x / blocks, clusters = gridDim.x / blocks;
   unsigned exchanges = 0;
+  const decltype(Row::column_stage) stage = {Math::kColumnInputs != 0 && stage_columns};
+  if (stage.present) stage.fill(args, lane, threads);  // each thread reads back only what it wrote: no barrier
   if constexpr (kCanPipeline<Math>) {
     // The same rows, and so the same count, for every block of the cluster.
     const int64_t count = cluster_index < args.rows ? (args.rows - cluster_index + clusters - 1) / clusters : 0;
     pipelined_rows<Row>(
         args, count, lane, threads, [&](int64_t t) { return RowTurn{cluster_index + t * clusters, true}; },
         [&](const RowTurn& turn, const typename Row::Vectors& vectors) {
-          math.template apply<PrecisionFor<T>>(Row(args, turn.row, true, lane, threads, nullptr, vectors, &exchanges));
+          Row row(args, turn.row, true, lane, threads, nullptr, vectors, &exchanges);
+          row.column_stage = stage;
+          math.template apply<PrecisionFor<T>>(row);
         });
   } else if (!wants_column_sums<Math>(args)) {
-    for (int64_t r = cluster_index; r < args.rows; r += clusters)
-      math.template apply<PrecisionFor<T>>(Row(args, r, true, lane, threads, nullptr, &exchanges));
+    for (int64_t r = cluster_index; r < args.rows; r += clusters) {
+      Row row(args, r, true, lane, threads, nullptr, &exchanges);
+      row.column_stage = stage;
+      math.template apply<PrecisionFor<T>>(row);
+    }
   } else {
     typename Row::Chunk kept = {};
     kept.load_columns(args, lane, threads);
@@ -1588,6 +1663,15 @@ struct ClusterLaunch {
   }
 };
 
+// Whether `kernel` may be launched with `bytes` of dynamic shared memory: beyond 48 KiB a
+// kernel must ask (the limit counts its static shared memory too, so it asks from a
+// little below that).
+template <typename Kernel>
+bool allow_dynamic_shared_bytes(Kernel kernel, size_t bytes, const DeviceInfo& device) {
+  return bytes <= 40 * 1024 ||
+         raise_kernel_attribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes), device);
+}
+
 // Launches cluster_row_kernel for rows of `vectors` vectors over clusters of `blocks`
 // blocks of `threads` (up to kMaxWideClusterBlocks blocks of kWideClusterThreads threads
 // or fewer, else kMaxClusterBlocks); false when the GPU cannot run such clusters (the
@@ -1608,7 +1692,17 @@ bool launch_cluster_rows(const Args& args, const Math& math, int64_t vectors, bo
   const int resident = clusters.resident(kernel);
   if (resident < 1) return false;
   if (dry_run) return true;
-  clusters.launch(kernel, chunked ? args.chunks : (args.rows < resident ? args.rows : resident), args, math);
+  // The copy of the per-column inputs (ColumnStage), where the call has some and wants no
+  // per-column sums, and where it leaves as many clusters resident as without it.
+  using Stage = ColumnStage<T, Args, Math, kClusterRowVectors<Math>, V>;
+  const size_t stage_bytes = Stage::kSlots > 0 && !chunked ? Stage::bytes(block) : 0;
+  bool stage_columns = false;
+  if (stage_bytes > 0 && allow_dynamic_shared_bytes(kernel, stage_bytes, device)) {
+    clusters.config.dynamicSmemBytes = stage_bytes;
+    stage_columns = clusters.resident(kernel) == resident;
+    if (!stage_columns) clusters.config.dynamicSmemBytes = 0;
+  }
+  clusters.launch(kernel, chunked ? args.chunks : (args.rows < resident ? args.rows : resident), args, math, stage_columns);
   return true;
 }
 
@@ -1777,10 +1871,7 @@ void launch_row_op(const Args& args, const Math& math, const RowTuning (&tuning)
     case RowVersion::kStaged: {
       const int threads = threads_for(vectors, kStagedVectors) < 32 ? 32 : threads_for(vectors, kStagedVectors);
       const auto kernel = staged_row_kernel<T, Args, Math, V>;
-      // Beyond 48 KiB of shared memory a kernel must ask (the limit counts its static
-      // shared memory too, so ask from a little below it).
-      if (staged_bytes > 40 * 1024)
-        raise_kernel_attribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(staged_bytes), device);
+      allow_dynamic_shared_bytes(kernel, staged_bytes, device);
       const unsigned blocks = chunked ? unsigned(args.chunks)
                                       : resident_grid_size(kernel, args.rows * threads, threads, device, staged_bytes);
       kernel<<<blocks, threads, staged_bytes, stream>>>(args, math);
