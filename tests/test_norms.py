@@ -772,36 +772,26 @@ def test_cluster_kernel_version_on_the_longest_rows_matches_float64(name, row_ve
     check_gradients(op, tensors, dtype, op.op)
 
 
-# A cluster row that sums no columns (every forward, and a backward whose parameters want
-# no gradient) reads weight and bias from its own copy in shared memory, made once per
-# kernel with a parameter left out as its default (ColumnStage in avo/row_cuda.cuh).
-# "frozen": weight and bias given, only the per-element inputs want gradients.
-STAGE_CASES = [(n, p) for n in NORMS for p in ("params", "weight_only", "no_params", "frozen")
+# A cluster row that sums no columns (every forward, and a backward of a call without
+# weight and bias) reads the per-column inputs from its own copy in shared memory, made
+# once per kernel with a parameter left out as its default (ColumnStage in
+# avo/row_cuda.cuh). The rows fit a cluster forward in every dtype (at most 8 blocks of
+# 1024 threads, 16 of 512).
+STAGE_CASES = [(n, p) for n in NORMS for p in ("params", "weight_only", "no_params")
                if p != "weight_only" or "bias" in OPS[n].params]
 
 
 @needs_cuda
 @pytest.mark.parametrize("row_version", ["cluster"], indirect=True)
-@pytest.mark.parametrize("shape", [(5, 65536), (3, 262144)], ids=str)
+@pytest.mark.parametrize("shape", [(5, 65536), (3, 131072)], ids=str)
 @pytest.mark.parametrize("name,params", STAGE_CASES, ids=_ids(STAGE_CASES))
 def test_cluster_kernel_version_reads_its_copy_of_weight_and_bias(name, params, shape, row_version, dtype):
     op = OPS[name]
     tensors = make_inputs(op, shape, dtype, "cuda", params=params != "no_params", bias=params != "weight_only")
     rtol = 1e-4 if dtype == torch.float32 else None
     check_values(op, tensors, dtype, rtol=rtol)
-    if params != "frozen":
-        check_gradients(op, tensors, dtype, op.op)
-        return
-    elems = len(op.elems)
-    leaves = [t.detach().clone().requires_grad_(k < elems) for k, t in enumerate(tensors)]
-    grads = [randn(shape, dtype, "cuda") for _ in op.outputs]
-    actual = torch.autograd.grad(_tuple(op.op(*leaves)), leaves[:elems], grads)
-    leaves64 = [t.detach().double().requires_grad_(k < elems) for k, t in enumerate(tensors)]
-    grads64 = [g.double() for g in grads]
-    expected = torch.autograd.grad(op.reference(dtype, *leaves64), leaves64[:elems], grads64)
-    scales = grad_scales(op, upcast(tensors), grads64)[:elems]
-    for a, e, s in zip(actual, expected, scales):
-        assert_matches_reference(a, e, dtype, scale=s)
+    assert avo_ops._C.last_row_version() == "cluster"
+    check_gradients(op, tensors, dtype, op.op)
 
 
 @needs_cuda
