@@ -351,8 +351,10 @@ def test_reduction_errors_name_the_line(line, message):
     assert message in str(error.value)
 
 
-PASS_CALL = re.compile(r"row\.(?:template )?(sum_squares|sum|sums|moments|max|min|for_each_with_column_sums|for_each)"
-                       r"(?:<\w+>)?\(avo::columns<([0-9, ]*)>")
+# The calls of a row that reduce it, and every call that makes a pass over it.
+REDUCING_CALLS = "sum_squares|sum|sums|moments|max|min"
+PASS_CALLS = REDUCING_CALLS + "|for_each_with_column_sums|for_each"
+PASS_CALL = re.compile(rf"row\.(?:template )?({PASS_CALLS})(?:<\w+>)?\(avo::columns<([0-9, ]*)>")
 
 
 def _passes_and_columns(source: str) -> list[tuple[str, set[int], set[int]]]:
@@ -378,8 +380,7 @@ def test_every_pass_lists_exactly_the_columns_it_reads(path):
     read an unloaded vector and an extra one would load for nothing."""
     source = path.read_text(encoding="utf-8")
     passes = _passes_and_columns(source)
-    every_call = re.findall(r"row\.(?:template )?(?:sum_squares|sum|sums|moments|max|min|for_each_with_column_sums|"
-                            r"for_each)(?:<\w+>)?\(", source)
+    every_call = re.findall(rf"row\.(?:template )?(?:{PASS_CALLS})(?:<\w+>)?\(", source)
     assert passes and len(passes) == len(every_call)
     for call, tagged, loaded in passes:
         assert tagged == loaded, (call, tagged, loaded)
@@ -454,7 +455,7 @@ def test_reduction_passes_count_the_calls_that_reduce_the_row(path):
     for struct in structs:
         declared = re.search(r"static constexpr int kReductionPasses = (\d+);", struct)
         assert declared, struct[:60]
-        calls = re.findall(r"row\.(?:template )?(?:sum_squares|sum|max|min|sums|moments)\(", struct)
+        calls = re.findall(rf"row\.(?:template )?(?:{REDUCING_CALLS})\(", struct)
         assert int(declared.group(1)) == len(calls), struct[:60]
 
 
