@@ -28,7 +28,7 @@ namespace avo::ops::add_rmsnorm {
 //   | backward | sm_90 (NVIDIA H200) | staged    |    never |     1024 |    never |
 //   | backward | sm_90 (NVIDIA H200) | global    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | pipelined |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200) | tiled     |     4096 |     4096 |    16384 |
+//   | backward | sm_90 (NVIDIA H200) | tiled     |     4096 |     4096 |    32768 |
 //   | backward | any other GPU       | staged    |    never |    never |    never |
 //   | backward | any other GPU       | global    |    never |    never |    never |
 //   | backward | any other GPU       | pipelined |    never |    never |    never |
@@ -38,7 +38,7 @@ constexpr avo::RowTuning kForwardTuning[] = {
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
-    {90, {avo::kNever, 1024, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 16384}},
+    {90, {avo::kNever, 1024, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 32768}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 

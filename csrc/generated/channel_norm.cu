@@ -26,7 +26,7 @@ namespace avo::ops::channel_norm {
 //   | forward  | any other GPU       | pipelined |    never |    never |    never |
 //   | forward  | any other GPU       | tiled     |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | staged    |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200) | global    |    32768 |    16384 |    never |
+//   | backward | sm_90 (NVIDIA H200) | global    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | pipelined |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | tiled     |    never |    never |    never |
 //   | backward | any other GPU       | staged    |    never |    never |    never |
@@ -38,7 +38,7 @@ constexpr avo::RowTuning kForwardTuning[] = {
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {32768, 16384, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 

@@ -18,7 +18,7 @@ namespace avo::ops::rmsnorm {
 // no other version fits. Measured by benchmarks/tune_rows.py (tuning/sm_<arch>.json).
 //   | kernel   | GPU                 | from      |  float16 | bfloat16 |  float32 |
 //   | forward  | sm_90 (NVIDIA H200) | staged    |    never |    never |    never |
-//   | forward  | sm_90 (NVIDIA H200) | global    |    32768 |    32768 |    32768 |
+//   | forward  | sm_90 (NVIDIA H200) | global    |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200) | pipelined |     4096 |     4096 |     4096 |
 //   | forward  | sm_90 (NVIDIA H200) | tiled     |    never |    never |    never |
 //   | forward  | any other GPU       | staged    |    never |    never |    never |
@@ -28,17 +28,17 @@ namespace avo::ops::rmsnorm {
 //   | backward | sm_90 (NVIDIA H200) | staged    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | global    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | pipelined |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200) | tiled     |     4096 |     4096 |    16384 |
+//   | backward | sm_90 (NVIDIA H200) | tiled     |    16384 |     4096 |    32768 |
 //   | backward | any other GPU       | staged    |    never |    never |    never |
 //   | backward | any other GPU       | global    |    never |    never |    never |
 //   | backward | any other GPU       | pipelined |    never |    never |    never |
 //   | backward | any other GPU       | tiled     |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {32768, 32768, 32768}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 16384}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {16384, 4096, 32768}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 

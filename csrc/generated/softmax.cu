@@ -18,7 +18,7 @@ namespace avo::ops::softmax {
 // no other version fits. Measured by benchmarks/tune_rows.py (tuning/sm_<arch>.json).
 //   | kernel   | GPU                 | from      |  float16 | bfloat16 |  float32 |
 //   | forward  | sm_90 (NVIDIA H200) | staged    |    never |    never |    never |
-//   | forward  | sm_90 (NVIDIA H200) | global    |    16384 |    16384 |    16384 |
+//   | forward  | sm_90 (NVIDIA H200) | global    |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200) | pipelined |     2048 |     2048 |     4096 |
 //   | forward  | sm_90 (NVIDIA H200) | tiled     |    never |    never |    never |
 //   | forward  | any other GPU       | staged    |    never |    never |    never |
@@ -34,7 +34,7 @@ namespace avo::ops::softmax {
 //   | backward | any other GPU       | pipelined |    never |    never |    never |
 //   | backward | any other GPU       | tiled     |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {16384, 16384, 16384}, {2048, 2048, 4096}, {avo::kNever, avo::kNever, avo::kNever}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, 4096}, {avo::kNever, avo::kNever, avo::kNever}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {

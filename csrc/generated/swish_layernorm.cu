@@ -28,7 +28,7 @@ namespace avo::ops::swish_layernorm {
 //   | backward | sm_90 (NVIDIA H200) | staged    |      128 |      128 |    never |
 //   | backward | sm_90 (NVIDIA H200) | global    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | pipelined |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200) | tiled     |     2048 |     2048 |     4096 |
+//   | backward | sm_90 (NVIDIA H200) | tiled     |     2048 |     2048 |    32768 |
 //   | backward | any other GPU       | staged    |    never |    never |    never |
 //   | backward | any other GPU       | global    |    never |    never |    never |
 //   | backward | any other GPU       | pipelined |    never |    never |    never |
@@ -38,7 +38,7 @@ constexpr avo::RowTuning kForwardTuning[] = {
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
-    {90, {128, 128, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, 4096}},
+    {90, {128, 128, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, 32768}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 
