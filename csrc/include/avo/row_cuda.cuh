@@ -201,6 +201,18 @@ __device__ __forceinline__ void group_sums(float (&values)[K], int group_threads
   }
 }
 
+// Blocks in a cluster at most: the portable limit, 8; and for a cluster row of blocks of
+// kWideClusterThreads threads or fewer, sm_90's limit, 16, which a kernel must ask for
+// (raise_kernel_attribute). On the H200, clusters of 16 blocks of 512 threads ran rows that
+// had taken the global version 10-23% faster (16-bit rows of 262144: add_layernorm's and
+// add_rmsnorm's forwards, softmax's and log_softmax's backwards); clusters of 16 blocks of
+// 1024 threads lost 14-20% to it (fp32 forwards of layernorm and swish_layernorm at
+// 262144), and so did the global version's own clusters with 16 blocks instead of 8 in the
+// fp32 forwards at 262144 (9-16%): the global version keeps 8.
+constexpr int kMaxClusterBlocks = 8;
+constexpr int kMaxWideClusterBlocks = 16;
+constexpr int kWideClusterThreads = 512;
+
 // Combining values (the same in every thread of a block) over the blocks of the
 // thread-block cluster, without a cluster barrier: each block sends its values to every
 // block of the cluster (thread t to block t, one st.async of 16 bytes into that block's
@@ -218,8 +230,6 @@ __device__ __forceinline__ void group_sums(float (&values)[K], int group_threads
 // across its threads (a __syncthreads, or a warp's shuffles where the block is a warp)
 // that each of its threads reaches only once it has read exchange e's values: no
 // block overwrites values another still reads. `exchanges` counts them per thread.
-constexpr int kMaxClusterBlocks = 8;
-constexpr int kMaxWideClusterBlocks = 16;
 constexpr int kMailboxValues = 4;  // values an exchange carries at most (one 16-byte store)
 
 struct ClusterMailbox {
@@ -1388,17 +1398,6 @@ __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kClusterBlocksPerSM<T,
   cluster.sync();  // no block may leave while another may still send to its mailbox
 #endif
 }
-
-// Blocks in a cluster at most (kMaxClusterBlocks, kMaxWideClusterBlocks, with the mailbox
-// above): the portable limit, 8; and for a cluster row of blocks of
-// kWideClusterThreads threads or fewer, sm_90's limit, 16, which a kernel must ask for
-// (raise_kernel_attribute). On the H200, clusters of 16 blocks of 512 threads ran rows that
-// had taken the global version 10-23% faster (16-bit rows of 262144: add_layernorm's and
-// add_rmsnorm's forwards, softmax's and log_softmax's backwards); clusters of 16 blocks of
-// 1024 threads lost 14-20% to it (fp32 forwards of layernorm and swish_layernorm at
-// 262144), and so did the global version's own clusters with 16 blocks instead of 8 in the
-// fp32 forwards at 262144 (9-16%): the global version keeps 8.
-constexpr int kWideClusterThreads = 512;
 
 // The block size of a cluster row launch: `threads` (a power of two) over at least two
 // blocks, as few as the block size allows.
