@@ -6,7 +6,7 @@
 //    registers. A group of G threads (a power of two, up to kMaxGroupThreads<Math>) takes
 //    a row; each thread holds up to P vectors of V elements of every per-element input,
 //    vector i of thread `lane` being the row's vector i * G + lane (coalesced). P is
-//    kRowVectors<Math> (kClusterRowVectors<Math> for a cluster row). V is 16 bytes'
+//    kRowVectors<Math>, for a cluster row too. V is 16 bytes'
 //    worth of elements when every row starts 16-byte aligned and the length is a
 //    multiple of it, else 1. Short rows share a block (several groups of G <
 //    kRowBlockThreads). Pipelined (from a measured length on, where the kernel has the
@@ -532,15 +532,20 @@ struct ColumnStage {
   }
 };
 
-// Vectors per thread of a RegisterRow, and its largest group (its block): smaller when
-// the thread also keeps per-column sums or kept values (V floats a vector), or caches
-// several inputs, so nothing spills. A cluster row keeps no values (it computes them in
-// every pass) and so holds as many vectors as without: with half, swish_layernorm's
-// rows of 262144 no longer fit a cluster and lost 14% in the global version.
+// Vectors per thread of a RegisterRow (a cluster row's too), and its largest group (its
+// block): smaller when the thread also keeps per-column sums, or caches several inputs,
+// so nothing spills. Kept values (V floats a vector) do not halve it: the row's first
+// pass turns each input vector into them, so the two are not held at once. With four
+// vectors, swish_layernorm's forward computes its sigmoid once per element also in fp32
+// rows of 16384 and in the cluster rows, and its register rows do the per-row work
+// (reductions, setup) for twice the elements. Against two vectors and cluster rows that
+// computed the kept values in every pass, on the H200: 1.12-1.30x in 16 bits, 1.05-1.69x
+// in fp32 rows up to 65536 (the most at 16384, which had taken the staged version). In
+// 16 bits the pipelined kernel then spills (60 bytes; the dispatch table does not take
+// it) and the cluster kernel too (48 bytes), which is still 1.25-1.30x faster than
+// computing the values again.
 template <typename Math>
-constexpr int kClusterRowVectors = Math::kColumnSums > 0 ? 2 : 4;
-template <typename Math>
-constexpr int kRowVectors = Math::kKeptValues > 0 ? 2 : kClusterRowVectors<Math>;
+constexpr int kRowVectors = Math::kColumnSums > 0 ? 2 : 4;
 template <typename Math>
 constexpr int kMaxGroupThreads = Math::kColumnSums > 0 || (Math::kElementInputs & (Math::kElementInputs - 1)) ? 512 : 1024;
 
@@ -566,8 +571,8 @@ constexpr int kClusterBlocksPerSM =
 // kClustered the group is every thread of a thread-block cluster.
 template <typename T, typename Args, typename Math, int V, bool kClustered = false>
 struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, kClustered>> {
-  static constexpr int P = kClustered ? kClusterRowVectors<Math> : kRowVectors<Math>;
-  static constexpr bool kKeeps = !kClustered && Math::kKeptValues > 0;
+  static constexpr int P = kRowVectors<Math>;
+  static constexpr bool kKeeps = Math::kKeptValues > 0;
   using RowView<T, Args>::args;
   using RowView<T, Args>::r;
   using Vector = Vec<T, V>;
@@ -613,7 +618,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
   int lane;       // thread index in the group
   int group_threads;
   // Vectors of V elements per row (an int: a register or cluster row holds at most
-  // kClusterRowVectors * kMaxGroupThreads * 8 of them, 4 * 1024 * 8 = 4 * 512 * 16), and the row's
+  // kRowVectors * kMaxGroupThreads * 8 of them, 4 * 1024 * 8 = 4 * 512 * 16), and the row's
   // first element. Vector indices are 32-bit and the row's offset is added once per
   // pass (opaque_pointer), so an address takes one multiply-add instead of a 64-bit
   // product per vector.
@@ -673,8 +678,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
     // A missing input's vector holds Math::column_default(k), the same value as `missing`.
     __device__ __forceinline__ float load_col(int k, float) const { return columns[k].get(j); }
     __device__ __forceinline__ void store(int k, float value) const { staged[k].v[j] = Element<T>::from_float(value); }
-    // Kept value h: computed by `value` and stored (keep), or read back (kept); a
-    // cluster row computes it each time.
+    // Kept value h: computed by `value` and stored (keep), or read back (kept).
     template <typename F>
     __device__ __forceinline__ float keep(int h, F value) const {
       if constexpr (kKeeps) return again ? row.kept[h][i][j] : (row.kept[h][i][j] = value());
@@ -1278,7 +1282,7 @@ struct RowTurn {
 // take registers that a second block needed (rmsnorm's fp32 backward, 64 to 85
 // registers, lost up to 32%).
 template <typename Math>
-constexpr bool kCanPipeline = Math::kColumnSums == 0 && kElementInputCount<Math> * kClusterRowVectors<Math> * 4 <= 16;
+constexpr bool kCanPipeline = Math::kColumnSums == 0 && kElementInputCount<Math> * kRowVectors<Math> * 4 <= 16;
 
 // Runs run(turn, vectors) for the rows turn_at(0), ..., turn_at(count - 1) in order, with
 // this thread's vectors of each, those of row t + 1 loaded before row t's math runs: the
@@ -1751,7 +1755,7 @@ template <typename T, typename Args, typename Math, int V>
 bool launch_cluster_rows(const Args& args, const Math& math, int64_t vectors, bool chunked, const DeviceInfo& device,
                          cudaStream_t stream, bool dry_run) {
   if (device.arch < 90) return false;
-  const int64_t threads = threads_for(vectors, kClusterRowVectors<Math>);
+  const int64_t threads = threads_for(vectors, kRowVectors<Math>);
   const int block = cluster_block_threads<Math>(threads);
   const int64_t blocks = (threads + block - 1) / block < 2 ? 2 : (threads + block - 1) / block;
   if (blocks > (block <= kWideClusterThreads ? kMaxWideClusterBlocks : kMaxClusterBlocks)) return false;
@@ -1765,7 +1769,7 @@ bool launch_cluster_rows(const Args& args, const Math& math, int64_t vectors, bo
   if (dry_run) return true;
   // The copy of the per-column inputs (ColumnStage), where the call has some and wants no
   // per-column sums, and where it leaves as many clusters resident as without it.
-  using Stage = ColumnStage<T, Args, Math, kClusterRowVectors<Math>, V>;
+  using Stage = ColumnStage<T, Args, Math, kRowVectors<Math>, V>;
   const size_t stage_bytes = Stage::kSlots > 0 && !chunked ? Stage::bytes(block) : 0;
   bool stage_columns = false;
   if (stage_bytes > 0 && allow_dynamic_shared_bytes(kernel, stage_bytes, device)) {
