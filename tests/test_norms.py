@@ -758,9 +758,10 @@ def test_global_kernel_version_on_long_rows_matches_float64(name, shape, row_ver
     check_gradients(op, tensors, dtype, op.op)
 
 
-# Rows of 262144 16-bit elements whose cluster row has blocks of 512 threads (two
-# per-element inputs, or per-column sums) take clusters of 16 blocks on sm_90, past the
-# portable 8; rows that need more, or blocks of 1024 threads, take another version.
+# Rows of 262144 elements take clusters of 16 blocks on sm_90, past the portable 8, where
+# that holds them: 16-bit rows whose cluster row has blocks of 512 threads (two
+# per-element inputs, or per-column sums), and fp32 forwards of one per-element input
+# (blocks of 1024 threads); rows that need more take another version.
 @needs_cuda
 @pytest.mark.parametrize("row_version", ["cluster"], indirect=True)
 @pytest.mark.parametrize("name", ALL)
@@ -807,6 +808,17 @@ def test_a_16_bit_softmax_backward_of_262144_takes_the_cluster_kernel_version_of
         assert avo_ops._C.last_row_version() == "cluster"
     finally:
         avo_ops._C.set_row_version("auto")
+
+
+@needs_cuda
+def test_an_fp32_layernorm_forward_of_262144_takes_the_cluster_kernel_version_of_16_blocks():
+    """One per-element input makes blocks of 1024 threads holding 16 fp32 elements each:
+    16384 threads, 16 blocks; chosen by the dispatch table, not forced."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("thread-block clusters need sm_90")
+    x = torch.randn(2, 262144, device="cuda", dtype=torch.float32)
+    torch.ops.avo.layernorm(x)
+    assert avo_ops._C.last_row_version() == "cluster"
 
 
 @needs_cuda

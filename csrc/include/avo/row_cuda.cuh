@@ -17,10 +17,10 @@
 //    at a time, so that the next rows arrive while the block computes the current one.
 //    Every pass over the row then reads shared memory.
 //  - Cluster rows (RegisterRow with kClustered, cluster_row_kernel), for rows the
-//    registers of one block cannot hold (sm_90): the row is split over the 2 to 8 blocks
-//    (16 where blocks have 512 threads or fewer) of a thread-block cluster, each block holding its part in registers; reductions
-//    combine the blocks through mailboxes in shared memory (cluster_exchange), without
-//    a cluster barrier. Pipelined where it can be.
+//    registers of one block cannot hold (sm_90): the row is split over the 2 to 16
+//    blocks of a thread-block cluster, each block holding its part in registers;
+//    reductions combine the blocks through mailboxes in shared memory
+//    (cluster_exchange), without a cluster barrier. Pipelined where it can be.
 //    Where the call sums no columns, each thread copies its vectors of the per-column
 //    inputs (weight, bias) into shared memory once per kernel (ColumnStage).
 //  - GlobalRow, for the rest: each pass reads the row from global memory again (from L2
@@ -201,17 +201,18 @@ __device__ __forceinline__ void group_sums(float (&values)[K], int group_threads
   }
 }
 
-// Blocks in a cluster at most: the portable limit, 8; and for a cluster row of blocks of
-// kWideClusterThreads threads or fewer, sm_90's limit, 16, which a kernel must ask for
-// (raise_kernel_attribute). On the H200, clusters of 16 blocks of 512 threads ran rows that
-// had taken the global version 10-23% faster (16-bit rows of 262144: add_layernorm's and
-// add_rmsnorm's forwards, softmax's and log_softmax's backwards); clusters of 16 blocks of
-// 1024 threads lost 14-20% to it (fp32 forwards of layernorm and swish_layernorm at
-// 262144), and so did the global version's own clusters with 16 blocks instead of 8 in the
-// fp32 forwards at 262144 (9-16%): the global version keeps 8.
+// Blocks in a cluster at most: the portable limit, 8; and for a cluster row, sm_90's
+// limit, 16, which a kernel must ask for (raise_kernel_attribute). On the H200, clusters
+// of 16 blocks of 512 threads ran rows that had taken the global version 10-23% faster
+// (16-bit rows of 262144: add_layernorm's and add_rmsnorm's forwards, softmax's and
+// log_softmax's backwards). Clusters of 16 blocks of 1024 threads (fp32 forwards at
+// 262144) lost 14-20% to the global version while the blocks exchanged through a
+// cluster barrier; with the mailboxes (cluster_exchange) they beat it: layernorm's fp32
+// forward at 256x262144 1.70x, swish_layernorm's 1.56x, rmsnorm's 1.37x, softmax's and
+// log_softmax's 1.13x. The global version's own clusters lost with 16 blocks instead of
+// 8 in the fp32 forwards at 262144 (9-16%): it keeps 8.
 constexpr int kMaxClusterBlocks = 8;
 constexpr int kMaxWideClusterBlocks = 16;
-constexpr int kWideClusterThreads = 512;
 
 // Combining values (the same in every thread of a block) over the blocks of the
 // thread-block cluster, without a cluster barrier: each block sends its values to every
@@ -1748,9 +1749,8 @@ bool allow_dynamic_shared_bytes(Kernel kernel, size_t bytes, const DeviceInfo& d
 }
 
 // Launches cluster_row_kernel for rows of `vectors` vectors over clusters of `blocks`
-// blocks of `threads` (up to kMaxWideClusterBlocks blocks of kWideClusterThreads threads
-// or fewer, else kMaxClusterBlocks); false when the GPU cannot run such clusters (the
-// caller then takes another version).
+// blocks of `threads` (up to kMaxWideClusterBlocks blocks); false when the GPU cannot run
+// such clusters (the caller then takes another version).
 template <typename T, typename Args, typename Math, int V>
 bool launch_cluster_rows(const Args& args, const Math& math, int64_t vectors, bool chunked, const DeviceInfo& device,
                          cudaStream_t stream, bool dry_run) {
@@ -1758,7 +1758,7 @@ bool launch_cluster_rows(const Args& args, const Math& math, int64_t vectors, bo
   const int64_t threads = threads_for(vectors, kRowVectors<Math>);
   const int block = cluster_block_threads<Math>(threads);
   const int64_t blocks = (threads + block - 1) / block < 2 ? 2 : (threads + block - 1) / block;
-  if (blocks > (block <= kWideClusterThreads ? kMaxWideClusterBlocks : kMaxClusterBlocks)) return false;
+  if (blocks > kMaxWideClusterBlocks) return false;
   const auto kernel = cluster_row_kernel<T, Args, Math, V>;
   if (blocks > kMaxClusterBlocks &&
       !raise_kernel_attribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1, device))
