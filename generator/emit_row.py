@@ -244,12 +244,13 @@ class RowProgram:
         """The per-element values worth computing once per element (see the module
         docstring): the largest subexpressions of the element inputs alone that need a
         COSTLY_OPS operation whatever their `where` conditions say, that every element
-        computes (not only one branch of a where), and that two or more passes read.
-        Kernels with per-column sums keep none: their registers are spent on the sums.
-        (channel_norm's where(swish, x * sigmoid(x), x) is not kept: without swish it
-        costs nothing, and keeping it would halve the rows that registers hold.)"""
-        if self.kernel.column_outputs:
-            return []
+        computes (not only one branch of a where), and that two or more passes read. A
+        kept value is read whole: where a pass also needs a costly part of it on its own
+        (swish_layernorm's backward: sigmoid(x) in x * sigmoid(x) - mean, and alone in
+        the gradient of x), those parts are kept instead, so that no pass computes them
+        again. (channel_norm's where(swish, x * sigmoid(x), x) is not kept: without swish it
+        costs nothing, and kept values take a float per element in registers, which in
+        16 bits spill in the pipelined and cluster kernels.)"""
         element_only: dict[int, bool] = {}
 
         def only_elements(node: Node) -> bool:
@@ -274,7 +275,8 @@ class RowProgram:
                     cost[id(node)] = any(costly(a) for a in node.args)
             return cost[id(node)]
 
-        def always_computed(roots: list[Node]) -> list[Node]:  # not only in a branch of a where
+        def always_computed(roots: list[Node], stop: Node | None = None) -> list[Node]:
+            # not only in a branch of a where; `stop` is reached but not entered
             seen, stack, found = set(), list(roots), []
             while stack:
                 node = stack.pop()
@@ -282,19 +284,34 @@ class RowProgram:
                     continue
                 seen.add(id(node))
                 found.append(node)
-                stack += node.args[:1] if node.op == "where" else node.args
+                if node is not stop:
+                    stack += node.args[:1] if node.op == "where" else node.args
             return found
 
+        def worth_keeping(node: Node) -> bool:
+            return bool(node.args) and only_elements(node) and costly(node)
+
+        passes = self._passes()
         uses: dict[int, int] = {}
         nodes: dict[int, Node] = {}
-        for roots in self._passes():
+        for roots in passes:
             for node in always_computed(roots):
-                if node.args and only_elements(node) and costly(node):
+                if worth_keeping(node):
                     uses[id(node)] = uses.get(id(node), 0) + 1
                     nodes[id(node)] = node
         shared = [nodes[k] for k, count in uses.items() if count > 1]
         inside = {id(n) for big in shared for n in topological_order([big]) if n is not big}
-        return [n for n in shared if id(n) not in inside]
+        kept, todo = [], [n for n in shared if id(n) not in inside]
+        while todo:
+            node = todo.pop(0)
+            parts = {id(n) for n in topological_order([node]) if n is not node and worth_keeping(n)}
+            alone = {id(n): n for roots in passes for n in always_computed(roots, stop=node) if id(n) in parts}
+            if not alone:
+                kept.append(node)
+                continue
+            below = {id(n) for part in alone.values() for n in topological_order([part]) if n is not part}
+            todo += [n for k, n in alone.items() if k not in below and all(n is not t for t in todo + kept)]
+        return kept
 
     def _kept_lines(self, order: list[Node], loaded_outside: list[Node]) -> list[str]:
         """The kept values this pass reads (`order`: its nodes), each computed by a lambda

@@ -434,12 +434,23 @@ def test_swish_layernorm_keeps_swish_after_its_first_pass():
     assert "at.load(0)" not in outside
 
 
-@pytest.mark.parametrize("op,role", [("layernorm", "forward"), ("softmax", "forward"), ("swish_layernorm", "backward"),
+def test_swish_layernorm_backward_keeps_the_sigmoid_that_both_passes_need():
+    """Both passes of the backward need x * sigmoid(x) - mean, and its output pass needs
+    sigmoid(x) alone as well (the derivative of swish): the kept value is sigmoid(x), not
+    the larger expression, so that no pass computes the sigmoid outside the kept-value
+    lambdas."""
+    backward = _struct("swish_layernorm", "backward")
+    assert "static constexpr int kKeptValues = 1;" in backward
+    assert re.findall(r"at\.(keep|kept)\(0, \[&\] \{\s*return F::sigmoid\(x\);\s*\}\);", backward) == ["keep", "kept"]
+    outside = re.sub(r"at\.(?:keep|kept)\(0, \[&\] \{.*?\n\s*\}\);", "KEPT", backward, flags=re.S)
+    assert "sigmoid" not in outside.split("apply(const Row& row)")[1]
+
+
+@pytest.mark.parametrize("op,role", [("layernorm", "forward"), ("softmax", "forward"),
                                      ("channel_norm", "forward"), ("channel_norm", "backward")])
 def test_no_kept_values_where_they_do_not_pay(op, role):
     """Nothing costly to keep (layernorm; softmax's exp depends on the row maximum); a
-    backward with per-column sums (its registers hold the sums); a value computed in one
-    branch of a where only (channel_norm's swish, off by default)."""
+    value computed in one branch of a where only (channel_norm's swish, off by default)."""
     struct = _struct(op, role)
     assert "static constexpr int kKeptValues = 0;" in struct
     assert "at.keep(" not in struct and "at.kept(" not in struct

@@ -85,7 +85,7 @@ struct BackwardMath {
   AVO_HOST_DEVICE static constexpr float column_default(int k) { return k == 4 ? 1.0f : k == 5 ? 0.0f : 0.0f; }
   // Per-element values computed once and kept by rows that hold the row in registers
   // (at.keep / at.kept).
-  static constexpr int kKeptValues = 0;
+  static constexpr int kKeptValues = 1;
   // Calls that reduce the row (row.sum, row.max, row.sums, row.sum_squares, row.moments, ...).
   static constexpr int kReductionPasses = 1;
 
@@ -102,8 +102,11 @@ struct BackwardMath {
       const float grad_y = at.load(0);
       const float weight = at.load_col(4, 1.0f);
       const float x = at.load(3);
+      const float kept0 = at.keep(0, [&] {
+        return F::sigmoid(x);
+      });
       const float term_1 = grad_y * weight;
-      const float swish = x * F::sigmoid(x);
+      const float swish = x * kept0;
       const float centered = swish - mu;
       const float term_0 = term_1 * centered;
       terms[0] = term_0;
@@ -117,11 +120,13 @@ struct BackwardMath {
       const float grad_y = at.load(0);
       const float weight = at.load_col(4, 1.0f);
       const float x = at.load(3);
-      const float t0 = F::sigmoid(x);
-      const float swish = x * t0;
+      const float kept0 = at.kept(0, [&] {
+        return F::sigmoid(x);
+      });
+      const float swish = x * kept0;
       const float centered = swish - mu;
-      const float t1 = F::fma(grad_y * weight, rstd, r0 * centered) - r1;
-      const float grad_x = F::fma(t1, t0, t1 * x * (t0 * (1.0f - t0)));
+      const float t0 = F::fma(grad_y * weight, rstd, r0 * centered) - r1;
+      const float grad_x = F::fma(t0, kept0, t0 * x * (kept0 * (1.0f - kept0)));
       const float term_0 = grad_y * (centered * rstd);
       const float term_1 = grad_y;
       at.store(0, grad_x);
