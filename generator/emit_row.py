@@ -248,8 +248,8 @@ class RowProgram:
         kept value is read whole: where a pass also needs a costly part of it on its own
         (swish_layernorm's backward: sigmoid(x) in x * sigmoid(x) - mean, and alone in
         the gradient of x), those parts are kept instead, so that no pass computes them
-        again. (channel_norm's where(swish, x * sigmoid(x), x) is not kept: without swish it
-        costs nothing, and kept values take a float per element in registers, which in
+        again. (channel_norm's where(swish, x * sigmoid(x), x) is not kept: without swish
+        it costs nothing, and kept values take a float per element in registers, which in
         16 bits spill in the pipelined and cluster kernels.)"""
         element_only: dict[int, bool] = {}
 
@@ -301,6 +301,8 @@ class RowProgram:
                     nodes[id(node)] = node
         shared = [nodes[k] for k, count in uses.items() if count > 1]
         inside = {id(n) for big in shared for n in topological_order([big]) if n is not big}
+        # The largest shared values, each replaced by its costly parts that some pass
+        # reads outside it, if any (then those parts are examined in turn).
         kept, todo = [], [n for n in shared if id(n) not in inside]
         while todo:
             node = todo.pop(0)
