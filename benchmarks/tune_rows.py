@@ -15,23 +15,26 @@ not fit it) takes the table's choice; avo_ops._C.last_row_version tells, and suc
 is not recorded as that version's time. Timing is bench_ops.py's: CUDA events, median of
 --reps calls, inputs rotated beyond L2.
 
-Four thresholds per (op, kernel, dtype), in 16-byte vectors, each the shortest row from
+Five thresholds per (op, kernel, dtype), in 16-byte vectors, each the shortest row from
 which a version is faster by more than --margin at that length and no slower by more than
 --tolerance at every longer one where another version was timed; null (never) when there
 is none. The tolerance is wider than the margin because two runs of one kernel differed by
 up to 1.7% on the H200. Each version is compared with the fastest of those the dispatch
 would otherwise take (pick_row_version in csrc/include/avo/row_cuda.cuh tries tiled,
-global, staged, then register or pipelined):
+global, cluster, staged, then register or pipelined):
   - staged_min_vectors: staged against register and pipelined, over N up to 32768
     (beyond, neither fits);
   - global_min_vectors: global against register, pipelined, staged and cluster;
   - pipelined_min_vectors: pipelined against register, over N up to 32768;
-  - tiled_min_vectors: tiled against register, staged, cluster and global.
-Forwards are not timed tiled and backwards not pipelined: the tiled version takes only
-backwards with per-column sums, and no backward pipelines (each reads two per-element
-inputs). A run that took another version is dropped because, kept, it would time the
-table's choice under every version's name at the longest rows, where then no threshold
-could be found.
+  - tiled_min_vectors: tiled against register, pipelined, staged, cluster and global;
+  - cluster_min_vectors: cluster against register, pipelined and staged, over N up to
+    32768 (beyond, only the cluster and global versions fit, and the global table
+    decides).
+Forwards are not timed tiled: the tiled version takes only backwards with per-column
+sums. A run that took another version (a backward of two per-element inputs of four
+vectors a thread cannot pipeline) is dropped because, kept, it would time the table's
+choice under every version's name at the longest rows, where then no threshold could
+be found.
 --tables computes some of them (and times only the versions they compare); --ops,
 --kernels and --dtypes limit what is measured. Whatever a run does not measure is kept
 from the file it writes over. The file also keeps every time measured, the GPU, the
@@ -71,15 +74,17 @@ DEFAULT_LENGTHS = [256 << i for i in range(11)]  # 256 ... 262144
 STAGED_MAX_LENGTH = 32768  # the longest row of one input the staged version holds (bf16/fp16)
 VERSIONS = ("register", "pipelined", "staged", "cluster", "global", "tiled")
 # The versions each table compares: the last one against the fastest of the others that
-# a measurement has (backwards have no pipelined time, forwards no tiled one).
+# a measurement has (forwards have no tiled time, some backwards no pipelined one).
 TABLE_VERSIONS = {"staged_min_vectors": ("register", "pipelined", "staged"),
                   "global_min_vectors": ("register", "pipelined", "staged", "cluster", "global"),
                   "pipelined_min_vectors": ("register", "pipelined"),
-                  "tiled_min_vectors": ("register", "staged", "cluster", "global", "tiled")}
-# The versions a direction is timed on: forwards never tile, backwards never pipeline.
-UNTIMED = {"fwd": ("tiled",), "bwd": ("pipelined",)}
-# The tables compared on rows of up to STAGED_MAX_LENGTH only: beyond, neither version fits.
-SHORT_ROW_TABLES = ("staged_min_vectors", "pipelined_min_vectors")
+                  "tiled_min_vectors": ("register", "pipelined", "staged", "cluster", "global", "tiled"),
+                  "cluster_min_vectors": ("register", "pipelined", "staged", "cluster")}
+# The versions a direction is not timed on: forwards never tile.
+UNTIMED = {"fwd": ("tiled",), "bwd": ()}
+# The tables compared on rows of up to STAGED_MAX_LENGTH only: beyond, only the last
+# version of the table (or none of them) fits.
+SHORT_ROW_TABLES = ("staged_min_vectors", "pipelined_min_vectors", "cluster_min_vectors")
 
 
 def time_version(avo_ops, case, shape, dtype, version: str, timer: bench_ops.Timer) -> float | None:
@@ -123,8 +128,8 @@ def thresholds(measurements: list[dict], tables: list[str], margin: float, toler
     length: the last version TABLE_VERSIONS lists for the table against the fastest of the
     others that were timed, over the rows the staged version could hold for
     SHORT_ROW_TABLES, over all rows for the rest, and only where the challenger and at
-    least one other were timed (forwards are not timed tiled, backwards not pipelined, and
-    a version is not timed where the call cannot take it)."""
+    least one other were timed (forwards are not timed tiled, and a version is not timed
+    where the call cannot take it)."""
     found = {}
     for table in tables:
         *incumbents, challenger = TABLE_VERSIONS[table]

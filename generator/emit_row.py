@@ -581,11 +581,13 @@ def emit_row_math(s: OpSchedule) -> str:
             elem_inputs = bitmask([i.domain == "elem" for i in kernel.inputs])
             elem_outputs = bitmask([o.domain == "elem" for o in kernel.outputs])
             col_inputs = bitmask([i.domain == "col" for i in kernel.inputs])
-            lines += ["  // Which inputs and outputs are per element, and which inputs per column (bit k:",
-                      "  // input or output k).",
+            saved_inputs = bitmask([i.domain == "saved" for i in kernel.inputs])
+            lines += ["  // Which inputs and outputs are per element, which inputs per column, and which are",
+                      "  // per-row values the forward saved (row.load_saved) (bit k: input or output k).",
                       f"  static constexpr unsigned kElementInputs = {elem_inputs};",
                       f"  static constexpr unsigned kElementOutputs = {elem_outputs};",
                       f"  static constexpr unsigned kColumnInputs = {col_inputs};",
+                      f"  static constexpr unsigned kSavedInputs = {saved_inputs};",
                       "  // Per-column outputs (summed over rows by the column pass): how many, and where.",
                       f"  static constexpr int kColumnSums = {len(columns)};",
                       "  AVO_HOST_DEVICE static constexpr int column_output(int k) { return "
@@ -628,7 +630,8 @@ def _dispatch_table(s: OpSchedule, tunings: list[ArchTuning]) -> list[str]:
     lines = [
         "// Which version of avo/row_cuda.cuh a call runs (pick_row_version, on the host per",
         "// call): rows of 16-byte vectors take GlobalRow from the length in vectors of the",
-        "// \"global\" line on, else StagedRow from that of the \"staged\" line on (where it",
+        "// \"global\" line on, else the cluster version from that of the \"cluster\" line on",
+        "// (where it fits), else StagedRow from that of the \"staged\" line on (where it",
         "// fits), RegisterRow below it (where it fits; pipelined from the length of the",
         "// \"pipelined\" line on, where the kernel can be), the cluster version or GlobalRow",
         "// otherwise; before all of them, the tiled version from the length of the \"tiled\"",

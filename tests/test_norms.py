@@ -795,6 +795,19 @@ def test_cluster_kernel_version_reads_its_copy_of_weight_and_bias(name, params, 
     check_gradients(op, tensors, dtype, op.op)
 
 
+# A backward with per-column sums (the parameter gradients) loads the next row of its
+# chunk while it computes one, where the vectors of its two per-element inputs leave the
+# registers for it (600 rows of 1024: 200 chunks of 3 rows, csrc/row_binding.h).
+@needs_cuda
+@pytest.mark.parametrize("row_version", ["pipelined"], indirect=True)
+@pytest.mark.parametrize("name", ["layernorm", "rmsnorm", "swish_layernorm"])
+def test_a_backward_with_parameter_gradients_takes_the_pipelined_kernel_version(name, row_version, dtype):
+    op = OPS[name]
+    tensors = make_inputs(op, (600, 1024), dtype, "cuda")
+    check_gradients(op, tensors, dtype, op.op)
+    assert avo_ops._C.last_row_version() == "pipelined"
+
+
 @needs_cuda
 def test_a_16_bit_softmax_backward_of_262144_takes_the_cluster_kernel_version_of_16_blocks():
     """Its two per-element inputs make blocks of 512 threads: 8192 threads, 16 blocks."""

@@ -41,8 +41,9 @@ def test_without_tuning_files_every_gpu_gets_the_default(tmp_path):
     assert "//   | forward  | any other GPU | global    |    never |    never |    never |" in cu
     assert "//   | forward  | any other GPU | pipelined |    never |    never |    never |" in cu
     assert "//   | backward | any other GPU | tiled     |    never |    never |    never |" in cu
+    assert "//   | backward | any other GPU | cluster   |    never |    never |    never |" in cu
     never = "{avo::kNever, avo::kNever, avo::kNever}"
-    assert f"{{0, {never}, {never}, {never}, {never}}}," in cu
+    assert f"{{0, {never}, {never}, {never}, {never}, {never}}}," in cu
     assert "(args, ForwardMath{}, kForwardTuning, stream)" in cu and "kBackwardTuning, stream)" in cu
 
 
@@ -52,7 +53,8 @@ def test_a_tuning_file_sets_the_thresholds_of_its_arch(tmp_path):
                                                  "backward": {"float32": 1024}}},
               "global_min_vectors": {"softmax": {"forward": {"float32": 4096}}},
               "pipelined_min_vectors": {"softmax": {"forward": {"bfloat16": 256}}},
-              "tiled_min_vectors": {"softmax": {"backward": {"float16": 2048}}}}
+              "tiled_min_vectors": {"softmax": {"backward": {"float16": 2048}}},
+              "cluster_min_vectors": {"softmax": {"backward": {"bfloat16": 1024}}}}
     cu = _softmax_cu(_tree(tmp_path, tuning))
     assert "//   | forward  | sm_90 (NVIDIA H200) | staged    |      512 |    never |     2048 |" in cu
     assert "//   | forward  | sm_90 (NVIDIA H200) | global    |    never |    never |     4096 |" in cu
@@ -61,12 +63,18 @@ def test_a_tuning_file_sets_the_thresholds_of_its_arch(tmp_path):
     assert "//   | forward  | sm_90 (NVIDIA H200) | pipelined |    never |      256 |    never |" in cu
     assert "//   | backward | sm_90 (NVIDIA H200) | pipelined |    never |    never |    never |" in cu
     assert "//   | backward | sm_90 (NVIDIA H200) | tiled     |     2048 |    never |    never |" in cu
+    assert "//   | backward | sm_90 (NVIDIA H200) | cluster   |    never |     1024 |    never |" in cu
+    assert "//   | forward  | sm_90 (NVIDIA H200) | cluster   |    never |    never |    never |" in cu
     forward = cu[cu.index("kForwardTuning[] = {"):]
     never = "{avo::kNever, avo::kNever, avo::kNever}"
     assert forward.splitlines()[1].strip() == (
         "{90, {512, avo::kNever, 2048}, {avo::kNever, avo::kNever, 4096}, {avo::kNever, 256, avo::kNever}, "
-        f"{never}}},")
-    assert forward.splitlines()[2].strip() == f"{{0, {never}, {never}, {never}, {never}}},"
+        f"{never}, {never}}},")
+    assert forward.splitlines()[2].strip() == f"{{0, {never}, {never}, {never}, {never}, {never}}},"
+    backward = cu[cu.index("kBackwardTuning[] = {"):]
+    assert backward.splitlines()[1].strip() == (
+        "{90, {avo::kNever, avo::kNever, 1024}, " + f"{never}, {never}, " + "{2048, avo::kNever, avo::kNever}, "
+        "{avo::kNever, 1024, avo::kNever}},")
 
 
 def test_a_tuning_file_without_global_pipelined_or_tiled_tables_never_picks_them(tmp_path):
@@ -160,12 +168,30 @@ def test_staged_threshold_is_against_register_and_pipelined():
     # there otherwise) only from 16384 on
     points = [m(4096, 10, 9, 11), m(8192, 20, 15, 16), m(16384, 40, 32, 30), m(32768, 80, 62, 60)]
     assert thresholds(points, ["staged_min_vectors"], 0.01, 0.03) == {"staged_min_vectors": 2048}
-    # a backward never pipelines: a pipelined time in its measurement (from an older file)
-    # is not compared, and gives no pipelined threshold
+    # a backward's pipelined times count as a forward's (backwards with per-column sums
+    # pipeline the rows of a chunk)
     backward = [m(n, r, p, st, "backward") for n, r, p, st in
                 [(4096, 10, 9, 11), (8192, 20, 15, 16), (16384, 40, 32, 30), (32768, 80, 62, 60)]]
     assert thresholds(backward, ["staged_min_vectors", "pipelined_min_vectors"], 0.01, 0.03) == \
-        {"staged_min_vectors": 1024, "pipelined_min_vectors": None}
+        {"staged_min_vectors": 2048, "pipelined_min_vectors": 512}
+
+
+def test_cluster_threshold_is_against_register_pipelined_and_staged_on_rows_they_hold():
+    from tune_rows import thresholds
+
+    def m(n, register, pipelined, staged, cluster):
+        times = {"register_us": register, "pipelined_us": pipelined, "staged_us": staged, "cluster_us": cluster}
+        return {"kernel": "backward", "row_length": n, "vectors": n // 8,
+                **{k: v for k, v in times.items() if v is not None}}
+
+    # cluster beats register from 4096 on, but the staged version only from 16384 on;
+    # beyond 32768 only the cluster version is timed, and that row is not compared
+    points = [m(4096, 20, None, 18, 19), m(8192, 40, None, 30, 31), m(16384, None, None, 70, 60),
+              m(32768, None, None, 150, 120), m(65536, None, None, None, 500)]
+    assert thresholds(points, ["cluster_min_vectors"], 0.01, 0.03) == {"cluster_min_vectors": 2048}
+    # slower than the staged version by more than the tolerance at 32768: never
+    points[3] = m(32768, None, None, 100, 120)
+    assert thresholds(points, ["cluster_min_vectors"], 0.01, 0.03) == {"cluster_min_vectors": None}
 
 
 def test_recompute_takes_the_last_runs_measurements(tmp_path):

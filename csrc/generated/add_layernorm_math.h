@@ -18,11 +18,12 @@ namespace avo::ops::add_layernorm {
 // Forward of one row.
 struct ForwardMath {
   float eps;
-  // Which inputs and outputs are per element, and which inputs per column (bit k:
-  // input or output k).
+  // Which inputs and outputs are per element, which inputs per column, and which are
+  // per-row values the forward saved (row.load_saved) (bit k: input or output k).
   static constexpr unsigned kElementInputs = 0x3u;
   static constexpr unsigned kElementOutputs = 0x3u;
   static constexpr unsigned kColumnInputs = 0xcu;
+  static constexpr unsigned kSavedInputs = 0x0u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 0;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
@@ -73,11 +74,12 @@ struct ForwardMath {
 // Backward of one row.
 struct BackwardMath {
   float eps;
-  // Which inputs and outputs are per element, and which inputs per column (bit k:
-  // input or output k).
+  // Which inputs and outputs are per element, which inputs per column, and which are
+  // per-row values the forward saved (row.load_saved) (bit k: input or output k).
   static constexpr unsigned kElementInputs = 0x13u;
   static constexpr unsigned kElementOutputs = 0x1u;
   static constexpr unsigned kColumnInputs = 0x60u;
+  static constexpr unsigned kSavedInputs = 0xcu;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 2;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return k == 0 ? 1 : k == 1 ? 2 : -1; }

@@ -20,11 +20,12 @@ namespace avo::ops::channel_norm {
 struct ForwardMath {
   float eps;
   bool swish;
-  // Which inputs and outputs are per element, and which inputs per column (bit k:
-  // input or output k).
+  // Which inputs and outputs are per element, which inputs per column, and which are
+  // per-row values the forward saved (row.load_saved) (bit k: input or output k).
   static constexpr unsigned kElementInputs = 0x1u;
   static constexpr unsigned kElementOutputs = 0x1u;
   static constexpr unsigned kColumnInputs = 0x0u;
+  static constexpr unsigned kSavedInputs = 0x0u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 0;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
@@ -73,11 +74,12 @@ struct ForwardMath {
 struct BackwardMath {
   float eps;
   bool swish;
-  // Which inputs and outputs are per element, and which inputs per column (bit k:
-  // input or output k).
+  // Which inputs and outputs are per element, which inputs per column, and which are
+  // per-row values the forward saved (row.load_saved) (bit k: input or output k).
   static constexpr unsigned kElementInputs = 0x9u;
   static constexpr unsigned kElementOutputs = 0x1u;
   static constexpr unsigned kColumnInputs = 0x0u;
+  static constexpr unsigned kSavedInputs = 0x6u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 0;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }

@@ -11,16 +11,18 @@
 //    multiple of it, else 1. Short rows share a block (several groups of G <
 //    kRowBlockThreads). Pipelined (from a measured length on, where the kernel has the
 //    registers: kCanPipeline), a group loads its next row before it computes the
-//    current one, on a grid of resident blocks; unpipelined, the grid covers the rows.
+//    current one, on a grid of resident blocks (with per-column sums, the next row of
+//    its chunk); unpipelined, the grid covers the rows.
 //  - StagedRow, for longer aligned rows that fit in shared memory: a block takes a row;
 //    its per-element inputs are copied into shared memory with cp.async, kStages rows
 //    at a time, so that the next rows arrive while the block computes the current one.
 //    Every pass over the row then reads shared memory.
 //  - Cluster rows (RegisterRow with kClustered, cluster_row_kernel), for rows the
-//    registers of one block cannot hold (sm_90): the row is split over the 2 to 16
-//    blocks of a thread-block cluster, each block holding its part in registers;
-//    reductions combine the blocks through mailboxes in shared memory
-//    (cluster_exchange), without a cluster barrier. Pipelined where it can be.
+//    registers of one block cannot hold, or from a measured length on (sm_90): the row
+//    is split over the 2 to 16 blocks of a thread-block cluster, each block holding its
+//    part in registers; reductions combine the blocks through mailboxes in shared
+//    memory (cluster_exchange), without a cluster barrier. Pipelined where it can be
+//    and sums no columns.
 //    Where the call sums no columns, each thread copies its vectors of the per-column
 //    inputs (weight, bias) into shared memory once per kernel (ColumnStage).
 //  - GlobalRow, for the rest: each pass reads the row from global memory again (from L2
@@ -592,9 +594,13 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
   static constexpr int kStateWords = kSums * P * V + kElementInputCount<Math> * P * int(sizeof(Cached) / 4);
   static constexpr bool kKeepsColumns = Math::kColumnSums > 0 && (kClustered || kStateWords >= 48);
 
-  // This thread's vectors of every per-element input of a row (zero where it has none).
+  // This thread's vectors of every per-element input of a row (zero where it has none),
+  // and the row's values of the per-row inputs the forward saved (Math::kSavedInputs).
+  // Loaded with the vectors, a pipelined row has them before its math starts: read in
+  // the math, each row waited for their loads (the backwards' first instructions).
   struct Vectors {
     Cached v[Args::kInputs][P];
+    float saved[Args::kInputs];
   };
   // What a group keeps for the chunk of rows it takes (calls with per-column outputs):
   // this thread's part of the chunk's per-column sums and, where kKeepsColumns, its
@@ -655,6 +661,8 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
     const int vectors = int(args.length / V);
     AVO_UNROLL
     for (int k = 0; k < Args::kInputs; ++k) {
+      if ((Math::kSavedInputs >> k) & 1u)
+        out.saved[k] = is_active && row < args.rows ? static_cast<const float*>(args.inputs[k])[row] : 0.0f;
       if (!((Math::kElementInputs >> k) & 1u)) continue;
       const T* p = opaque_pointer(static_cast<const T*>(args.inputs[k]) + row * args.length);
       AVO_UNROLL
@@ -667,6 +675,9 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
   }
 
   __device__ __forceinline__ int vector_index(int i) const { return i * group_threads + lane; }
+
+  // Per-row value k that the forward saved (RowView::load_saved), loaded with the vectors.
+  __device__ __forceinline__ float load_saved(int k) const { return cache.saved[k]; }
 
   // Element j of this thread's vector i, for the generated lambdas.
   struct At {
@@ -1276,14 +1287,16 @@ struct RowTurn {
 };
 
 // Whether the row kernels of Math can load the next row while they compute one
-// (pipelined_rows): where the threads keep no per-column sums and their vectors of a row
-// take at most 16 registers (one per-element input). With two inputs, the two rows'
-// vectors do not fit the 64 registers of two blocks per multiprocessor (softmax's
-// backward and add_layernorm's forward spilled 116-216 bytes); with per-column sums they
-// take registers that a second block needed (rmsnorm's fp32 backward, 64 to 85
-// registers, lost up to 32%).
+// (pipelined_rows): where the threads' vectors of a row take at most 16 registers (one
+// per-element input of four vectors, or two of two: the backwards with per-column sums).
+// With more, the two rows' vectors do not fit the 64 registers of two blocks per
+// multiprocessor (softmax's backward and add_layernorm's forward spilled 116-216 bytes).
+// With per-column sums the next row's vectors take registers that another block may
+// have needed (rmsnorm's fp32 backward: 56 to 80 registers, 4-7% slower at N = 512 to
+// 4096 on the H200), so the dispatch table says where it pays (the pipelined line of
+// the backward); the cluster version does not pipeline such rows.
 template <typename Math>
-constexpr bool kCanPipeline = Math::kColumnSums == 0 && kElementInputCount<Math> * kRowVectors<Math> * 4 <= 16;
+constexpr bool kCanPipeline = kElementInputCount<Math> * kRowVectors<Math> * 4 <= 16;
 
 // Runs run(turn, vectors) for the rows turn_at(0), ..., turn_at(count - 1) in order, with
 // this thread's vectors of each, those of row t + 1 loaded before row t's math runs: the
@@ -1318,23 +1331,23 @@ __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math>)
   const int shift = __ffs(group_threads) - 1;
   const int groups = blockDim.x >> shift;
   const int group = threadIdx.x >> shift, lane = threadIdx.x & (group_threads - 1);
-  if constexpr (kPipelined) {
-    static_assert(kCanPipeline<Math>, "a kernel with per-column sums or several inputs is not pipelined");
-    // The block takes rows first, first + step, ... (plus its group's place).
-    const int64_t first = int64_t(blockIdx.x) * groups, step = int64_t(gridDim.x) * groups;
-    const int64_t count = first < args.rows ? (args.rows - first + step - 1) / step : 0;
-    pipelined_rows<Row>(
-        args, count, lane, group_threads,
-        [&](int64_t t) {
-          const int64_t r = first + t * step + group;
-          return RowTurn{r, r < args.rows};
-        },
-        [&](const RowTurn& turn, const typename Row::Vectors& vectors) {
-          math.template apply<PrecisionFor<T>>(Row(args, turn.row, turn.active, lane, group_threads, nullptr, vectors));
-        });
-    return;
-  }
+  static_assert(!kPipelined || kCanPipeline<Math>, "a kernel whose rows take too many registers is not pipelined");
   if (!wants_column_sums<Math>(args)) {
+    if constexpr (kPipelined) {
+      // The block takes rows first, first + step, ... (plus its group's place).
+      const int64_t first = int64_t(blockIdx.x) * groups, step = int64_t(gridDim.x) * groups;
+      const int64_t count = first < args.rows ? (args.rows - first + step - 1) / step : 0;
+      pipelined_rows<Row>(
+          args, count, lane, group_threads,
+          [&](int64_t t) {
+            const int64_t r = first + t * step + group;
+            return RowTurn{r, r < args.rows};
+          },
+          [&](const RowTurn& turn, const typename Row::Vectors& vectors) {
+            math.template apply<PrecisionFor<T>>(Row(args, turn.row, turn.active, lane, group_threads, nullptr, vectors));
+          });
+      return;
+    }
     for (int64_t first = int64_t(blockIdx.x) * groups; first < args.rows; first += int64_t(gridDim.x) * groups) {
       const int64_t r = first + group;
       math.template apply<PrecisionFor<T>>(Row(args, r, r < args.rows, lane, group_threads, nullptr));
@@ -1344,18 +1357,32 @@ __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math>)
   typename Row::Chunk kept = {};
   kept.load_columns(args, lane, group_threads);
   const int64_t chunk = int64_t(blockIdx.x) * groups + group;
-  for (int64_t i = 0; i < args.rows_per_chunk; ++i) {
+  const bool has_chunk = chunk < args.chunks;  // the same count of rows either way: groups share barriers
+  const auto turn_at = [&](int64_t i) {
     const int64_t r = chunk * args.rows_per_chunk + i;
-    math.template apply<PrecisionFor<T>>(Row(args, r, chunk < args.chunks && r < args.rows, lane, group_threads, &kept));
+    return RowTurn{r, has_chunk && r < args.rows};
+  };
+  if constexpr (kPipelined) {
+    pipelined_rows<Row>(args, args.rows_per_chunk, lane, group_threads, turn_at,
+                        [&](const RowTurn& turn, const typename Row::Vectors& vectors) {
+                          math.template apply<PrecisionFor<T>>(
+                              Row(args, turn.row, turn.active, lane, group_threads, &kept, vectors));
+                        });
+  } else {
+    for (int64_t i = 0; i < args.rows_per_chunk; ++i) {
+      const RowTurn turn = turn_at(i);
+      math.template apply<PrecisionFor<T>>(Row(args, turn.row, turn.active, lane, group_threads, &kept));
+    }
   }
-  if (chunk < args.chunks) write_partials<Math, Args, Row::P, V>(args, kept.sums, chunk, group_threads, lane);
+  if (has_chunk) write_partials<Math, Args, Row::P, V>(args, kept.sums, chunk, group_threads, lane);
 }
 
 // A row over the blocks of a thread-block cluster: block `rank` of the cluster holds the
 // vectors i * (C * B) + rank * B + t, as RegisterRow does for a group of C * B threads.
 // Cluster q takes rows q, q + clusters, ...; with per-column sums cluster c takes chunk c.
-// Pipelined wherever kCanPipeline<Math> (on the H200 that gained 3-13% on every row the
-// cluster version takes).
+// Pipelined wherever kCanPipeline<Math> and Math sums no columns (on the H200 that gained
+// 3-13% on every row the cluster version takes; a kernel with per-column sums keeps the
+// registers for them).
 // With `stage_columns` (a call without per-column sums: launch_cluster_rows then gives
 // the kernel ColumnStage::bytes of shared memory) each thread first copies its vectors of
 // the per-column inputs there.
@@ -1374,7 +1401,7 @@ __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kClusterBlocksPerSM<T,
   cluster_mailbox_init();
   const decltype(Row::column_stage) stage = {Math::kColumnInputs != 0 && stage_columns};
   if (stage.present) stage.fill(args, lane, threads);  // each thread reads back only what it wrote: no barrier
-  if constexpr (kCanPipeline<Math>) {
+  if constexpr (kCanPipeline<Math> && Math::kColumnSums == 0) {
     // The same rows, and so the same count, for every block of the cluster.
     const int64_t count = cluster_index < args.rows ? (args.rows - cluster_index + clusters - 1) / clusters : 0;
     pipelined_rows<Row>(
@@ -1680,9 +1707,10 @@ inline int threads_for(int64_t vectors, int per_thread) {
 
 // The version a call takes (see the top of this file): the tiled version for rows of
 // at least `thresholds.tiled_min_vectors` vectors where the call can take it, GlobalRow
-// for rows of at least `thresholds.global_min_vectors`, StagedRow for rows of at least
-// `thresholds.staged_min_vectors` (all from the generated, measured table) or that
-// registers cannot hold; else RegisterRow, pipelined from
+// for rows of at least `thresholds.global_min_vectors`, the cluster version for rows of
+// at least `thresholds.cluster_min_vectors` where it fits, StagedRow for rows of at
+// least `thresholds.staged_min_vectors` (all from the generated, measured table) or
+// that registers cannot hold; else RegisterRow, pipelined from
 // `thresholds.pipelined_min_vectors` on where the kernel can be; the cluster version,
 // then GlobalRow, for what neither takes.
 inline RowVersion pick_row_version(int64_t vectors, bool fits_registers, bool fits_staged, bool fits_cluster,
@@ -1698,6 +1726,7 @@ inline RowVersion pick_row_version(int64_t vectors, bool fits_registers, bool fi
   if (forced == RowVersion::kGlobal) return RowVersion::kGlobal;
   if (can_tile && vectors >= thresholds.tiled_min_vectors) return RowVersion::kTiled;
   if (vectors >= thresholds.global_min_vectors) return RowVersion::kGlobal;
+  if (fits_cluster && vectors >= thresholds.cluster_min_vectors) return RowVersion::kCluster;
   if (fits_staged && (vectors >= thresholds.staged_min_vectors || !fits_registers)) return RowVersion::kStaged;
   if (fits_registers) return in_registers;
   return fits_cluster ? RowVersion::kCluster : RowVersion::kGlobal;
@@ -1885,7 +1914,7 @@ RowThresholds row_thresholds(const RowTuning (&table)[N], int arch) {
   for (const RowTuning& row : table)
     if (row.arch == arch || row.arch == 0)
       return {row.staged_min_vectors[index], row.global_min_vectors[index], row.pipelined_min_vectors[index],
-              row.tiled_min_vectors[index]};
+              row.tiled_min_vectors[index], row.cluster_min_vectors[index]};
   return {};
 }
 
@@ -1907,14 +1936,16 @@ void launch_row_op(const Args& args, const Math& math, const RowTuning (&tuning)
   const bool fits_staged = vectorized && vectors <= int64_t(kStagedVectors) * kMaxGroupThreads<Math> &&
                            staged_bytes <= max_dynamic_shared_bytes(device);
   // Asked only where it could be chosen: the occupancy query costs host time.
-  const bool may_cluster = forced_row_version() == RowVersion::kCluster || (!fits_registers && !fits_staged);
+  const bool may_cluster = forced_row_version() == RowVersion::kCluster || (!fits_registers && !fits_staged) ||
+                           (vectorized && vectors >= table.cluster_min_vectors);
   const bool fits_cluster =
       may_cluster && (vectorized ? launch_cluster_rows<T, Args, Math, V>(args, math, vectors, chunked, device, stream, true)
                                  : launch_cluster_rows<T, Args, Math, 1>(args, math, vectors, chunked, device, stream, true));
-  // The table counts 16-byte vectors: rows of single elements take the global version
-  // only where nothing else fits, and are not pipelined.
+  // The table counts 16-byte vectors: rows of single elements take the global and cluster
+  // versions only where nothing else fits, and are not pipelined.
   const RowThresholds thresholds = {table.staged_min_vectors, vectorized ? table.global_min_vectors : kNever,
-                                    table.pipelined_min_vectors, table.tiled_min_vectors};
+                                    table.pipelined_min_vectors, table.tiled_min_vectors,
+                                    vectorized ? table.cluster_min_vectors : kNever};
   // The tiled version: rows of two tiles or more (the binding then allocates the tile sums).
   const bool can_tile = kCanTile<Math> && chunked && vectorized && args.tile_sums != nullptr;
   const RowVersion version = pick_row_version(vectors, fits_registers, fits_staged, fits_cluster,

@@ -15,7 +15,9 @@ namespace avo {
 // bfloat16, float32; the register version they take otherwise loads the next row while
 // it computes one from pipelined_min_vectors[t] on (where the kernel can: kCanPipeline in
 // avo/row_cuda.cuh). A backward with per-column sums takes the tiled version from
-// tiled_min_vectors[t] on, before any other (where it can: kCanTile). The generated
+// tiled_min_vectors[t] on, before any other (where it can: kCanTile). Rows that the
+// registers of a block or its shared memory hold take the cluster version instead from
+// cluster_min_vectors[t] on (where it fits; sm_90). The generated
 // sources hold these tables, from the files of tuning/ (benchmarks/tune_rows.py writes
 // them).
 struct RowTuning {
@@ -24,6 +26,7 @@ struct RowTuning {
   int64_t global_min_vectors[3];
   int64_t pipelined_min_vectors[3];
   int64_t tiled_min_vectors[3];
+  int64_t cluster_min_vectors[3];
 };
 
 // A version never taken by choice, only where no other fits.
@@ -35,6 +38,7 @@ struct RowThresholds {
   int64_t global_min_vectors = kNever;
   int64_t pipelined_min_vectors = kNever;
   int64_t tiled_min_vectors = kNever;
+  int64_t cluster_min_vectors = kNever;
 };
 
 // kPipelined is the register version loading the next row ahead (pipelined_rows);
