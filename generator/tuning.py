@@ -9,8 +9,8 @@ global version beats every other, the one from which the register version pipeli
 (loading the next row while it computes one) beats it unpipelined, the one from which
 the tiled version (backwards with per-column sums) beats every other, and the one from
 which the cluster version beats the register and staged versions on rows they hold;
-null where it never does. A file without one of the tables but "staged_min_vectors"
-never takes that version by choice:
+null where it never does. A file may leave out any table but "staged_min_vectors"; the
+version of a table it leaves out is never taken by choice:
 
     {"arch": 90, "gpu": "NVIDIA H200",
      "staged_min_vectors": {"layernorm": {"forward": {"float16": 512, "bfloat16": 512, "float32": null}, ...}},

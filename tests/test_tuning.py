@@ -77,12 +77,13 @@ def test_a_tuning_file_sets_the_thresholds_of_its_arch(tmp_path):
         "{avo::kNever, 1024, avo::kNever}},")
 
 
-def test_a_tuning_file_without_global_pipelined_or_tiled_tables_never_picks_them(tmp_path):
+def test_a_tuning_file_without_global_pipelined_tiled_or_cluster_tables_never_picks_them(tmp_path):
     tuning = {"arch": 90, "gpu": "NVIDIA H200", "staged_min_vectors": {"softmax": {"forward": {"float16": 512}}}}
     cu = _softmax_cu(_tree(tmp_path, tuning))
     assert "//   | forward  | sm_90 (NVIDIA H200) | global    |    never |    never |    never |" in cu
     assert "//   | forward  | sm_90 (NVIDIA H200) | pipelined |    never |    never |    never |" in cu
     assert "//   | backward | sm_90 (NVIDIA H200) | tiled     |    never |    never |    never |" in cu
+    assert "//   | backward | sm_90 (NVIDIA H200) | cluster   |    never |    never |    never |" in cu
 
 
 @pytest.mark.parametrize("content, name, phrase", [
