@@ -1346,11 +1346,11 @@ __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math>)
           [&](const RowTurn& turn, const typename Row::Vectors& vectors) {
             math.template apply<PrecisionFor<T>>(Row(args, turn.row, turn.active, lane, group_threads, nullptr, vectors));
           });
-      return;
-    }
-    for (int64_t first = int64_t(blockIdx.x) * groups; first < args.rows; first += int64_t(gridDim.x) * groups) {
-      const int64_t r = first + group;
-      math.template apply<PrecisionFor<T>>(Row(args, r, r < args.rows, lane, group_threads, nullptr));
+    } else {
+      for (int64_t first = int64_t(blockIdx.x) * groups; first < args.rows; first += int64_t(gridDim.x) * groups) {
+        const int64_t r = first + group;
+        math.template apply<PrecisionFor<T>>(Row(args, r, r < args.rows, lane, group_threads, nullptr));
+      }
     }
     return;
   }
@@ -1935,17 +1935,17 @@ void launch_row_op(const Args& args, const Math& math, const RowTuning (&tuning)
   const size_t staged_bytes = staged_row_bytes<T, Math>(args.length);
   const bool fits_staged = vectorized && vectors <= int64_t(kStagedVectors) * kMaxGroupThreads<Math> &&
                            staged_bytes <= max_dynamic_shared_bytes(device);
-  // Asked only where it could be chosen: the occupancy query costs host time.
-  const bool may_cluster = forced_row_version() == RowVersion::kCluster || (!fits_registers && !fits_staged) ||
-                           (vectorized && vectors >= table.cluster_min_vectors);
-  const bool fits_cluster =
-      may_cluster && (vectorized ? launch_cluster_rows<T, Args, Math, V>(args, math, vectors, chunked, device, stream, true)
-                                 : launch_cluster_rows<T, Args, Math, 1>(args, math, vectors, chunked, device, stream, true));
   // The table counts 16-byte vectors: rows of single elements take the global and cluster
   // versions only where nothing else fits, and are not pipelined.
   const RowThresholds thresholds = {table.staged_min_vectors, vectorized ? table.global_min_vectors : kNever,
                                     table.pipelined_min_vectors, table.tiled_min_vectors,
                                     vectorized ? table.cluster_min_vectors : kNever};
+  // Asked only where it could be chosen: the occupancy query costs host time.
+  const bool may_cluster = forced_row_version() == RowVersion::kCluster || (!fits_registers && !fits_staged) ||
+                           vectors >= thresholds.cluster_min_vectors;
+  const bool fits_cluster =
+      may_cluster && (vectorized ? launch_cluster_rows<T, Args, Math, V>(args, math, vectors, chunked, device, stream, true)
+                                 : launch_cluster_rows<T, Args, Math, 1>(args, math, vectors, chunked, device, stream, true));
   // The tiled version: rows of two tiles or more (the binding then allocates the tile sums).
   const bool can_tile = kCanTile<Math> && chunked && vectorized && args.tile_sums != nullptr;
   const RowVersion version = pick_row_version(vectors, fits_registers, fits_staged, fits_cluster,
