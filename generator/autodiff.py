@@ -167,13 +167,13 @@ def simplified_row_sums(results: dict[str, Node]) -> dict[str, Node]:
     return rewrite_bottom_up(results, step)
 
 
-def lower_backward(spec: OpSpec, specialization: dict[str, str]) -> Graph:
+def lower_backward(spec: OpSpec, specialization: dict[str, str | bool]) -> Graph:
     """The backward Graph: results are `grad_<input>` for every tensor input.
 
     A `grads:` entry in the spec replaces the derived formula for that input."""
     forward = lower_forward(spec, specialization)
     grads = differentiate(forward)
-    env = base_env(spec)
+    env = base_env(spec, specialization)
     env.update(forward.bindings)
     for o in spec.outputs:
         env[grad_name(o.name)] = tensor(grad_name(o.name), shape_domain(spec, o.shape))

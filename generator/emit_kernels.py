@@ -78,7 +78,7 @@ def _math_struct(kernel: MapKernel, specialization: Specialization, graph) -> li
         title += f" for {specialization.description}"
     missing = "".join(f"k == {k} ? {float_literal(i.default)} : " for k, i in enumerate(kernel.inputs) if i.optional)
     lines = [f"// {title}.", f"struct {kernel.math_struct(specialization)} {{"]
-    lines += [f"  {ctype} {name};" for name, ctype in kernel.scalars]
+    lines += [f"  {ctype} {name};" for name, ctype in kernel.math_scalars]
     optional = bitmask(i.optional for i in kernel.inputs)
     lines += ["  // Optional inputs (bit k: input k), and the value of one the call left out.",
               f"  static constexpr unsigned kOptionalInputs = {optional};",
@@ -111,15 +111,19 @@ def emit_math(s: OpSchedule) -> str:
 
 
 def _dispatch_calls(kernel: MapKernel, call, indent: str) -> list[str]:
-    """Nested switches over the string attributes, calling call(math_struct_init)."""
-    string_attrs = [a for a in kernel.op.attrs if a.type == "str"]
-    init = "{" + ", ".join(name for name, _ in kernel.scalars) + "}"
+    """Nested switches over the string attributes and ifs over the bool attributes (in the
+    spec's order, as specializations() combines them), calling call(math_struct_init)."""
+    attrs = [a for a in kernel.op.attrs if a.type in ("str", "bool")]
+    init = "{" + ", ".join(name for name, _ in kernel.math_scalars) + "}"
 
     def build(depth: int, chosen: tuple, pad: str) -> list[str]:
-        if depth == len(string_attrs):
+        if depth == len(attrs):
             spec = Specialization(chosen)
             return [f"{pad}{call(kernel.math_struct(spec) + init)}"]
-        a = string_attrs[depth]
+        a = attrs[depth]
+        if a.type == "bool":
+            return ([f"{pad}if ({a.name}) {{"] + build(depth + 1, chosen + ((a.name, True),), pad + "  ")
+                    + [f"{pad}}} else {{"] + build(depth + 1, chosen + ((a.name, False),), pad + "  ") + [f"{pad}}}"])
         out = [f"{pad}switch ({a.name}) {{"]
         for c in a.choices:
             out.append(f"{pad}  case {enum_name(a.name)}::{c}:")
@@ -138,7 +142,7 @@ def _dispatch_calls(kernel: MapKernel, call, indent: str) -> list[str]:
 
 def entry_point(kernel, name: str, last_param: str, types: str, call) -> list[str]:
     """One exported function: pick the element type for `dtype` (types: the Half,
-    BFloat16 types of the device) and the math for the string attributes, then emit
+    BFloat16 types of the device) and the math for the string and bool attributes, then emit
     `call(math_init)`."""
     params = launcher_params(kernel, last_param)
     lines = [f"void {name}(avo::DType dtype, const {kernel.args_type}& args, {params}) {{",

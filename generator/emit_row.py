@@ -163,7 +163,7 @@ class RowProgram:
         self.leaf_names.update({name: name for name, _ in kernel.scalars})
         self.input_index = {i.name: k for k, i in enumerate(kernel.inputs)}
         self.domains = {i.name: i.domain for i in kernel.inputs}
-        self.kept = self._kept_values()
+        self.kept = self._kept_values() if self._has_room_to_keep() else []
         self.kept_names = []
         for node in self.kept:
             preferred = self.spec_names.get(node)
@@ -173,6 +173,17 @@ class RowProgram:
         self.kept_started: set[int] = set()  # kept values some pass computed already
 
     # -- kept values -------------------------------------------------------------
+
+    def _has_room_to_keep(self) -> bool:
+        """Whether a register row's threads have registers for kept values: not in a kernel
+        of two or more per-element inputs without per-column sums, whose threads hold four
+        vectors of each (kRowVectors in avo/row_cuda.cuh, 32 registers in all) and would
+        need 32 more per kept value in 16 bits. channel_norm's backward with swish kept
+        its sigmoid there and spilled 88 bytes: 10-15% slower in 16 bits on the H200 (rows
+        of 256 to 16384) than computing the sigmoid in both passes."""
+        element_inputs = sum(i.domain == "elem" for i in self.kernel.inputs)
+        column_sums = any(o.domain == "col" for o in self.kernel.outputs)
+        return element_inputs < 2 or column_sums
 
     @staticmethod
     def _stage_passes(stage: list[Node]) -> list[list[Node]]:
@@ -248,9 +259,8 @@ class RowProgram:
         kept value is read whole: where a pass also needs a costly part of it on its own
         (swish_layernorm's backward: sigmoid(x) in x * sigmoid(x) - mean, and alone in
         the gradient of x), those parts are kept instead, so that no pass computes them
-        again. (channel_norm's where(swish, x * sigmoid(x), x) is not kept: without swish
-        it costs nothing, and kept values take a float per element in registers, which in
-        16 bits spill in the pipelined and cluster kernels.)"""
+        again. A value computed in one branch of a where on an element's value is not
+        kept (a where on a bool attribute is gone: each value has its own struct)."""
         element_only: dict[int, bool] = {}
 
         def only_elements(node: Node) -> bool:
@@ -577,7 +587,7 @@ def emit_row_math(s: OpSchedule) -> str:
                 title += f", for {specialization.description}"
             columns = kernel.column_outputs if kernel.role == "backward" else ()
             lines += [f"// {title}.", f"struct {kernel.math_struct(specialization)} {{"]
-            lines += [f"  {ctype} {name};" for name, ctype in kernel.scalars]
+            lines += [f"  {ctype} {name};" for name, ctype in kernel.math_scalars]
             elem_inputs = bitmask([i.domain == "elem" for i in kernel.inputs])
             elem_outputs = bitmask([o.domain == "elem" for o in kernel.outputs])
             col_inputs = bitmask([i.domain == "col" for i in kernel.inputs])

@@ -353,14 +353,14 @@ class Graph:
     the generated code reads like the spec."""
 
     spec: OpSpec
-    specialization: dict[str, str]
+    specialization: dict[str, str | bool]
     results: dict[str, Node]
     names: dict[Node, str] = field(default_factory=dict)
     bindings: dict[str, Node] = field(default_factory=dict)  # every name the math assigned
 
 
 class _Lowering:
-    def __init__(self, spec: OpSpec, specialization: dict[str, str], env: dict[str, Node]):
+    def __init__(self, spec: OpSpec, specialization: dict[str, str | bool], env: dict[str, Node]):
         self.spec = spec
         self.specialization = specialization
         self.env = env
@@ -481,17 +481,21 @@ def shape_domain(spec: OpSpec, shape: tuple[str, ...]) -> str:
     return "row" if shape == (ELLIPSIS,) else "col"
 
 
-def base_env(spec: OpSpec) -> dict[str, Node]:
+def base_env(spec: OpSpec, specialization: dict[str, str | bool]) -> dict[str, Node]:
+    """The inputs and the numeric attributes by name; a bool attribute is the constant its
+    specialization gives it (a where() on it keeps one branch)."""
     env: dict[str, Node] = {i.name: tensor(i.name, shape_domain(spec, i.shape)) for i in spec.inputs}
     for a in spec.attrs:
-        if a.type != "str":
+        if a.type == "bool" and a.name in specialization:
+            env[a.name] = const(bool(specialization[a.name]))
+        elif a.type != "str":
             env[a.name] = attr(a.name, "b" if a.type == "bool" else "f")
     return env
 
 
-def lower_forward(spec: OpSpec, specialization: dict[str, str]) -> Graph:
+def lower_forward(spec: OpSpec, specialization: dict[str, str | bool]) -> Graph:
     """Lower the spec's `math` to a Graph whose results are the outputs."""
-    env = base_env(spec)
+    env = base_env(spec, specialization)
     lowering = _Lowering(spec, specialization, env)
     names: dict[Node, str] = {}
     string_attrs = {a.name for a in spec.attrs if a.type == "str"}
@@ -525,7 +529,7 @@ def lower_forward(spec: OpSpec, specialization: dict[str, str]) -> Graph:
     return Graph(spec, specialization, results, names, bindings)
 
 
-def lower_gradient_override(spec: OpSpec, specialization: dict[str, str], env: dict[str, Node], line) -> Node:
+def lower_gradient_override(spec: OpSpec, specialization: dict[str, str | bool], env: dict[str, Node], line) -> Node:
     """Lower a `grads:` formula; it may use the inputs, attributes, math names and grad_<output>."""
     lowering = _Lowering(spec, specialization, env)
     tree = parse_expression(line.source, line.where, f"the gradient of '{line.name}'")

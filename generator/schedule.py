@@ -41,22 +41,27 @@ class KernelOutput:
 
 @dataclass(frozen=True)
 class Specialization:
-    """One choice of every string attribute; kernels are compiled per choice."""
+    """One choice of every string attribute and one value of every bool attribute;
+    kernels are compiled per specialization, so that neither is tested inside a kernel
+    (a bool's where() keeps only its branch: channel_norm without swish computes no
+    sigmoid)."""
 
-    choices: tuple[tuple[str, str], ...]  # (attribute, choice)
+    choices: tuple[tuple[str, str | bool], ...]  # (attribute, choice or value), in the spec's order
 
     @property
-    def as_dict(self) -> dict[str, str]:
+    def as_dict(self) -> dict[str, str | bool]:
         return dict(self.choices)
 
     @property
     def suffix(self) -> str:
-        """CamelCase name part, e.g. ApproximateTanh; empty without string attributes."""
-        return "".join(_camel(a) + _camel(c) for a, c in self.choices)
+        """CamelCase name part, e.g. ApproximateTanh, Swish or NoSwish; empty without string
+        or bool attributes."""
+        return "".join((_camel(a) if c else "No" + _camel(a)) if isinstance(c, bool) else _camel(a) + _camel(c)
+                       for a, c in self.choices)
 
     @property
     def description(self) -> str:
-        return ", ".join(f'{a}="{c}"' for a, c in self.choices)
+        return ", ".join(f"{a}={str(c).lower()}" if isinstance(c, bool) else f'{a}="{c}"' for a, c in self.choices)
 
 
 class KernelNames:
@@ -81,6 +86,13 @@ class KernelNames:
 
     def math_struct(self, specialization: Specialization) -> str:
         return f"{self.role.capitalize()}{specialization.suffix}Math"
+
+    @property
+    def math_scalars(self) -> tuple[tuple[str, str], ...]:
+        """The scalars a math struct holds: all but the bool attributes, which each
+        specialization fixes."""
+        flags = {a.name for a in self.op.attrs if a.type == "bool"}
+        return tuple((name, ctype) for name, ctype in self.scalars if name not in flags)
 
 
 @dataclass(frozen=True)
@@ -190,9 +202,11 @@ def _camel(name: str) -> str:
 
 
 def specializations(spec: OpSpec) -> tuple[Specialization, ...]:
-    string_attrs = [a for a in spec.attrs if a.type == "str"]
-    combos = itertools.product(*[[(a.name, c) for c in a.choices] for a in string_attrs])
-    return tuple(Specialization(tuple(combo)) for combo in combos)
+    """Every combination of a choice of each string attribute and a value of each bool
+    attribute (false first), in the order of the spec's attributes."""
+    options = [[(a.name, c) for c in a.choices] if a.type == "str" else [(a.name, False), (a.name, True)]
+               for a in spec.attrs if a.type in ("str", "bool")]
+    return tuple(Specialization(tuple(combo)) for combo in itertools.product(*options))
 
 
 def _row_dimension(spec: OpSpec) -> str | None:

@@ -238,11 +238,20 @@ def test_complete_spec_parses_into_the_model():
 
 def test_complete_spec_schedules_with_one_kernel_pair_per_choice():
     s = load_and_schedule(COMPLETE_SPEC)
-    assert [sp.as_dict for sp in s.specializations] == [{"mode": "fast"}, {"mode": "exact"}]
+    assert [sp.as_dict for sp in s.specializations] == [
+        {"enabled": False, "mode": "fast"}, {"enabled": False, "mode": "exact"},
+        {"enabled": True, "mode": "fast"}, {"enabled": True, "mode": "exact"},
+    ]
+    assert [s.forward.math_struct(sp) for sp in s.specializations] == [
+        "ForwardNoEnabledModeFastMath", "ForwardNoEnabledModeExactMath",
+        "ForwardEnabledModeFastMath", "ForwardEnabledModeExactMath",
+    ]
     assert s.forward.outputs == ("y", "z")
     assert [i.name for i in s.backward.inputs] == ["grad_y", "grad_z", "x", "bias", "scale"]
     assert s.backward.outputs == ("grad_x", "grad_bias", "grad_scale")
     assert s.forward.scalars == (("alpha", "float"), ("eps", "float"), ("steps", "int64_t"), ("enabled", "bool"))
+    # The launchers take the bool; each math struct has its value built in.
+    assert s.forward.math_scalars == (("alpha", "float"), ("eps", "float"), ("steps", "int64_t"))
 
 
 @pytest.mark.parametrize("text, value", [
@@ -566,7 +575,7 @@ class Case:
     inputs: dict[str, str] = field(default_factory=lambda: {"x": "any"})  # name -> domain
     outputs: tuple[str, ...] = ("y",)
     attrs: dict[str, str] = field(default_factory=dict)  # name -> YAML declaration
-    attr_values: tuple[dict, ...] = ({},)  # values of the non-string attributes to try
+    attr_values: tuple[dict, ...] = ({},)  # values of the numeric and bool attributes to try
 
     def spec(self) -> OpSpec:
         # An input named `b` is declared optional (default 0.5); the tests always pass it.
@@ -658,9 +667,17 @@ def check_against_autograd(spec: OpSpec, case: Case | None, attr_values: dict, c
 @pytest.mark.parametrize("case", AUTODIFF_CASES, ids=[c.id for c in AUTODIFF_CASES])
 def test_backward_matches_autograd(case: Case):
     spec = case.spec()
+    checked = 0
     for k, choice in enumerate(s.as_dict for s in specializations(spec)):
         for j, values in enumerate(case.attr_values):
-            check_against_autograd(spec, case, values, choice, seed=1000 * k + j, domains=case.inputs)
+            # A bool attribute is a constant of its specialization: each value set runs on
+            # the specialization that has its bools.
+            if any(values.get(name, chosen) != chosen for name, chosen in choice.items()):
+                continue
+            numbers = {name: v for name, v in values.items() if name not in choice}
+            check_against_autograd(spec, case, numbers, choice, seed=1000 * k + j, domains=case.inputs)
+            checked += 1
+    assert checked >= len(case.attr_values)
 
 
 def test_autodiff_cases_cover_every_operation():

@@ -257,10 +257,31 @@ def test_simplified_row_sums_leave_only_the_sums_the_gradient_needs(name, sums, 
                                      ("channel_norm", 2)])
 def test_generated_norm_backwards_sum_two_terms_per_row(op, sums):
     """The generated backwards of the layer norms sum dy * w and dy * w * (x - mu) per row
-    and no more (they summed x - mu too; channel_norm also dy * (x - mu) * rstd)."""
+    and no more (they summed x - mu too; channel_norm also dy * (x - mu) * rstd), in every
+    specialization (channel_norm's with and without swish)."""
     with open(ROOT / "csrc" / "generated" / f"{op}_math.h", encoding="utf-8") as f:
-        backward = f.read().split("struct BackwardMath")[1]
-    assert f"float sums_0[{sums}];" in backward and "sums_1" not in backward
+        backwards = re.split(r"struct Backward\w*Math", f.read())[1:]
+    assert backwards
+    for backward in backwards:
+        assert f"float sums_0[{sums}];" in backward and "sums_1" not in backward
+
+
+def test_a_bool_attribute_is_compiled_out_of_the_kernels():
+    """channel_norm's math structs are one per value of swish, which none of them tests:
+    without swish no sigmoid is computed (the backward computed one per element for a
+    term it then multiplied by zero). With it, the forward keeps each element's x *
+    sigmoid(x) for its second pass; the backward, whose threads hold four vectors of
+    each of its two per-element inputs, has no registers to keep it (_has_room_to_keep)
+    and computes the sigmoid in both passes."""
+    with open(ROOT / "csrc" / "generated" / "channel_norm_math.h", encoding="utf-8") as f:
+        source = f.read()
+    structs = dict(re.findall(r"struct (\w+Math) \{(.*?)\n\};", source, re.S))
+    assert sorted(structs) == ["BackwardNoSwishMath", "BackwardSwishMath", "ForwardNoSwishMath", "ForwardSwishMath"]
+    for name, body in structs.items():
+        assert "swish" not in body
+        assert body.count("F::sigmoid(x)") == (0 if "NoSwish" in name else 2)
+        assert ("kKeptValues = 1;" in body) == (name == "ForwardSwishMath")
+        assert ("at.keep(" in body) == (name == "ForwardSwishMath")
 
 
 @pytest.mark.parametrize("op,passes", [("layernorm", 1), ("rmsnorm", 1), ("softmax", 1), ("log_softmax", 1),
@@ -414,9 +435,12 @@ def test_parameter_gradients_come_from_the_pass_that_writes_the_input_gradient(p
 
 
 def _struct(op: str, role: str) -> str:
+    """The math struct of `op`'s forward or backward; of an op with specializations
+    (channel_norm's swish), every struct of that role, one after the other."""
     source = (ROOT / "csrc" / "generated" / f"{op}_math.h").read_text(encoding="utf-8")
-    forward, backward = source.split("struct BackwardMath")
-    return forward if role == "forward" else backward
+    structs = re.findall(rf"\nstruct {role.capitalize()}\w*Math \{{.*?\n\}};", source, re.S)
+    assert structs, (op, role)
+    return "\n".join(structs)
 
 
 def test_swish_layernorm_keeps_swish_after_its_first_pass():
@@ -446,11 +470,9 @@ def test_swish_layernorm_backward_keeps_the_sigmoid_that_both_passes_need():
     assert "sigmoid" not in outside.split("apply(const Row& row)")[1]
 
 
-@pytest.mark.parametrize("op,role", [("layernorm", "forward"), ("softmax", "forward"),
-                                     ("channel_norm", "forward"), ("channel_norm", "backward")])
+@pytest.mark.parametrize("op,role", [("layernorm", "forward"), ("softmax", "forward")])
 def test_no_kept_values_where_they_do_not_pay(op, role):
-    """Nothing costly to keep (layernorm; softmax's exp depends on the row maximum); a
-    value computed in one branch of a where only (channel_norm's swish, off by default)."""
+    """Nothing costly to keep (layernorm; softmax's exp depends on the row maximum)."""
     struct = _struct(op, role)
     assert "static constexpr int kKeptValues = 0;" in struct
     assert "at.keep(" not in struct and "at.kept(" not in struct

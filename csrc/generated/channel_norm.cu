@@ -50,14 +50,22 @@ constexpr avo::RowTuning kBackwardTuning[] = {
 void forward_cuda(avo::DType dtype, const ForwardArgs& args, float eps, bool swish, cudaStream_t stream) {
   avo::visit_dtype<__half, __nv_bfloat16>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    avo::launch_row_op<T, ForwardArgs>(args, ForwardMath{eps, swish}, kForwardTuning, stream);
+    if (swish) {
+      avo::launch_row_op<T, ForwardArgs>(args, ForwardSwishMath{eps}, kForwardTuning, stream);
+    } else {
+      avo::launch_row_op<T, ForwardArgs>(args, ForwardNoSwishMath{eps}, kForwardTuning, stream);
+    }
   });
 }
 
 void backward_cuda(avo::DType dtype, const BackwardArgs& args, float eps, bool swish, cudaStream_t stream) {
   avo::visit_dtype<__half, __nv_bfloat16>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    avo::launch_row_op<T, BackwardArgs>(args, BackwardMath{eps, swish}, kBackwardTuning, stream);
+    if (swish) {
+      avo::launch_row_op<T, BackwardArgs>(args, BackwardSwishMath{eps}, kBackwardTuning, stream);
+    } else {
+      avo::launch_row_op<T, BackwardArgs>(args, BackwardNoSwishMath{eps}, kBackwardTuning, stream);
+    }
   });
 }
 

@@ -11,21 +11,29 @@ namespace avo::ops::channel_norm {
 void forward_cpu(avo::DType dtype, const ForwardArgs& args, float eps, bool swish, int64_t begin, int64_t end) {
   avo::visit_dtype<avo::Half, avo::BFloat16>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    avo::run_rows<T, ForwardArgs>(args, ForwardMath{eps, swish}, begin, end);
+    if (swish) {
+      avo::run_rows<T, ForwardArgs>(args, ForwardSwishMath{eps}, begin, end);
+    } else {
+      avo::run_rows<T, ForwardArgs>(args, ForwardNoSwishMath{eps}, begin, end);
+    }
   });
 }
 
 void backward_cpu(avo::DType dtype, const BackwardArgs& args, float eps, bool swish, int64_t begin, int64_t end) {
   avo::visit_dtype<avo::Half, avo::BFloat16>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    avo::run_rows<T, BackwardArgs>(args, BackwardMath{eps, swish}, begin, end);
+    if (swish) {
+      avo::run_rows<T, BackwardArgs>(args, BackwardSwishMath{eps}, begin, end);
+    } else {
+      avo::run_rows<T, BackwardArgs>(args, BackwardNoSwishMath{eps}, begin, end);
+    }
   });
 }
 
 void backward_columns_finish_cpu(avo::DType dtype, const BackwardArgs& args, int64_t begin, int64_t end) {
   avo::visit_dtype<avo::Half, avo::BFloat16>(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    avo::run_column_finish<T, BackwardArgs, BackwardMath>(args, begin, end);
+    avo::run_column_finish<T, BackwardArgs, BackwardNoSwishMath>(args, begin, end);
   });
 }
 

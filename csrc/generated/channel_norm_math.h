@@ -16,10 +16,9 @@ namespace avo::ops::channel_norm {
 // sigmoid(x) : x, y = (s - mean(s)) / sqrt(var(s) + eps) * gamma[c] + beta[c] (instance
 // norm with an affine, as a custom activation of a vision model).
 
-// Forward of one row.
-struct ForwardMath {
+// Forward of one row, for swish=false.
+struct ForwardNoSwishMath {
   float eps;
-  bool swish;
   // Which inputs and outputs are per element, which inputs per column, and which are
   // per-row values the forward saved (row.load_saved) (bit k: input or output k).
   static constexpr unsigned kElementInputs = 0x1u;
@@ -50,8 +49,7 @@ struct ForwardMath {
     float moments_0[2];
     row.moments(avo::columns<>, moments_0, [&](const auto& at) {
       const float x = at.load(0);
-      const float s = swish ? x * F::sigmoid(x) : x;
-      const float term = s;
+      const float term = x;
       return term;
     });
     const float sum_0 = moments_0[0];
@@ -62,7 +60,63 @@ struct ForwardMath {
     row.store_row_f32(2, rstd);
     row.for_each(avo::columns<>, [&](const auto& at) {
       const float x = at.load(0);
-      const float s = swish ? x * F::sigmoid(x) : x;
+      const float centered = x - mu;
+      const float y = F::fma(centered * rstd, gamma, beta);
+      at.store(0, y);
+    });
+  }
+};
+
+// Forward of one row, for swish=true.
+struct ForwardSwishMath {
+  float eps;
+  // Which inputs and outputs are per element, which inputs per column, and which are
+  // per-row values the forward saved (row.load_saved) (bit k: input or output k).
+  static constexpr unsigned kElementInputs = 0x1u;
+  static constexpr unsigned kElementOutputs = 0x1u;
+  static constexpr unsigned kColumnInputs = 0x0u;
+  static constexpr unsigned kSavedInputs = 0x0u;
+  // Per-column outputs (summed over rows by the column pass): how many, and where.
+  static constexpr int kColumnSums = 0;
+  AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
+  // The value of per-column input k where the call leaves it out (as in at.load_col).
+  AVO_HOST_DEVICE static constexpr float column_default(int k) { return 0.0f; }
+  // Per-element values computed once and kept by rows that hold the row in registers
+  // (at.keep / at.kept).
+  static constexpr int kKeptValues = 1;
+  // Calls that reduce the row (row.sum, row.max, row.sums, row.sum_squares, row.moments, ...).
+  static constexpr int kReductionPasses = 1;
+
+  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
+  // avo/row_cuda.cuh.
+  template <typename Precision, typename Row>
+  AVO_HOST_DEVICE void apply(const Row& row) const {
+    using F [[maybe_unused]] = avo::Functions<Precision>;
+    [[maybe_unused]] const float length = float(row.length());
+    const float gamma = row.load_channel(1, 1.0f);
+    const float beta = row.load_channel(2, 0.0f);
+    // sum_0: the sum of term over the row; sum_1: the sum of the squares of its
+    // deviations from their mean.
+    float moments_0[2];
+    row.moments(avo::columns<>, moments_0, [&](const auto& at) {
+      const float s = at.keep(0, [&] {
+        const float x = at.load(0);
+        return x * F::sigmoid(x);
+      });
+      const float term = s;
+      return term;
+    });
+    const float sum_0 = moments_0[0];
+    const float sum_1 = moments_0[1];
+    const float mu = sum_0 / length;
+    const float rstd = F::rsqrt(sum_1 / length + eps);
+    row.store_row_f32(1, mu);
+    row.store_row_f32(2, rstd);
+    row.for_each(avo::columns<>, [&](const auto& at) {
+      const float s = at.kept(0, [&] {
+        const float x = at.load(0);
+        return x * F::sigmoid(x);
+      });
       const float centered = s - mu;
       const float y = F::fma(centered * rstd, gamma, beta);
       at.store(0, y);
@@ -70,10 +124,9 @@ struct ForwardMath {
   }
 };
 
-// Backward of one row.
-struct BackwardMath {
+// Backward of one row, for swish=false.
+struct BackwardNoSwishMath {
   float eps;
-  bool swish;
   // Which inputs and outputs are per element, which inputs per column, and which are
   // per-row values the forward saved (row.load_saved) (bit k: input or output k).
   static constexpr unsigned kElementInputs = 0x9u;
@@ -104,7 +157,63 @@ struct BackwardMath {
     row.sums(avo::columns<>, sums_0, [&](const auto& at, float* terms) {
       const float grad_y = at.load(0);
       const float x = at.load(3);
-      const float s = swish ? x * F::sigmoid(x) : x;
+      const float centered = x - mu;
+      const float term_0 = grad_y * centered;
+      const float term_1 = grad_y;
+      terms[0] = term_0;
+      terms[1] = term_1;
+    });
+    const float sum_0 = sums_0[0];
+    const float sum_1 = sums_0[1];
+    const float r0 = rstd * sum_0;
+    row.store_row_f32(1, r0);
+    row.store_row_f32(2, sum_1);
+    const float r1 = 2.0f * (gamma * sum_0 * (-0.5f) * (rstd * rstd * rstd) / length);
+    const float r2 = gamma * rstd * sum_1 / length;
+    row.for_each(avo::columns<>, [&](const auto& at) {
+      const float grad_y = at.load(0);
+      const float x = at.load(3);
+      const float centered = x - mu;
+      const float grad_x = F::fma(grad_y * gamma, rstd, r1 * centered) - r2;
+      at.store(0, grad_x);
+    });
+  }
+};
+
+// Backward of one row, for swish=true.
+struct BackwardSwishMath {
+  float eps;
+  // Which inputs and outputs are per element, which inputs per column, and which are
+  // per-row values the forward saved (row.load_saved) (bit k: input or output k).
+  static constexpr unsigned kElementInputs = 0x9u;
+  static constexpr unsigned kElementOutputs = 0x1u;
+  static constexpr unsigned kColumnInputs = 0x0u;
+  static constexpr unsigned kSavedInputs = 0x6u;
+  // Per-column outputs (summed over rows by the column pass): how many, and where.
+  static constexpr int kColumnSums = 0;
+  AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
+  // The value of per-column input k where the call leaves it out (as in at.load_col).
+  AVO_HOST_DEVICE static constexpr float column_default(int k) { return 0.0f; }
+  // Per-element values computed once and kept by rows that hold the row in registers
+  // (at.keep / at.kept).
+  static constexpr int kKeptValues = 0;
+  // Calls that reduce the row (row.sum, row.max, row.sums, row.sum_squares, row.moments, ...).
+  static constexpr int kReductionPasses = 1;
+
+  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or
+  // avo/row_cuda.cuh.
+  template <typename Precision, typename Row>
+  AVO_HOST_DEVICE void apply(const Row& row) const {
+    using F [[maybe_unused]] = avo::Functions<Precision>;
+    [[maybe_unused]] const float length = float(row.length());
+    const float mu = row.load_saved(1);
+    const float rstd = row.load_saved(2);
+    const float gamma = row.load_channel(4, 1.0f);
+    float sums_0[2];
+    row.sums(avo::columns<>, sums_0, [&](const auto& at, float* terms) {
+      const float grad_y = at.load(0);
+      const float x = at.load(3);
+      const float s = x * F::sigmoid(x);
       const float centered = s - mu;
       const float term_0 = grad_y * centered;
       const float term_1 = grad_y;
@@ -122,11 +231,10 @@ struct BackwardMath {
       const float grad_y = at.load(0);
       const float x = at.load(3);
       const float t0 = F::sigmoid(x);
-      const float s = swish ? x * t0 : x;
+      const float s = x * t0;
       const float centered = s - mu;
       const float t1 = F::fma(grad_y * gamma, rstd, r1 * centered) - r2;
-      const float t2 = swish ? t1 : 0.0f;
-      const float grad_x = F::fma(t2 * x, t0 * (1.0f - t0), F::fma(t2, t0, swish ? 0.0f : t1));
+      const float grad_x = F::fma(t1, t0, t1 * x * (t0 * (1.0f - t0)));
       at.store(0, grad_x);
     });
   }
