@@ -36,6 +36,7 @@ struct RowCall {
   std::array<at::Tensor, NumOutputs> outputs;
   std::array<at::Tensor, NumInputs> inputs;  // contiguous versions of the arguments
   at::Tensor partials;                       // workspace of the per-column outputs
+  std::array<at::Tensor, NumOutputs> channel_rows;  // per-channel outputs before the finish (channel_totals)
   DType dtype = DType::Float32;
   at::Device device = at::kCPU;
   std::array<Domain, NumOutputs> output_domains{};
@@ -143,7 +144,7 @@ RowCall<NumInputs, NumOutputs> prepare_rows(const char* op, const std::array<Row
     if (output_domains[k] == Domain::Elem) call.outputs[k] = at::empty(x.sizes(), options);
     if (output_domains[k] == Domain::Row) call.outputs[k] = at::empty(lead, options);
     if (output_domains[k] == Domain::Col) call.outputs[k] = at::empty({length}, options);
-    // Per-channel results are first one fp32 value per row; finish_channel_outputs sums the batch.
+    // Per-channel results are first one fp32 value per row; channel_totals sums the batch.
     if (output_domains[k] == Domain::Channel || output_domains[k] == Domain::Saved)
       call.outputs[k] = at::empty(lead, options.dtype(at::kFloat));
     call.args.outputs[k] = call.outputs[k].data_ptr();
@@ -177,15 +178,25 @@ RowCall<NumInputs, NumOutputs> prepare_rows(const char* op, const std::array<Row
   return call;
 }
 
-// Per-channel outputs (gradients of [C] parameters): the per-row fp32 values summed over
-// the batch, in the parameters' dtype. Runs after the kernels, on the same stream.
+// Per-channel outputs (gradients of [C] parameters): the kernels wrote one fp32 value per
+// row, [batch, channels]. Swaps each wanted one for a [channels] tensor in `dtype` (kept
+// in call.channel_rows) and returns the column totals that sum the batch into them, for
+// the op's generated finish (backward_channels_finish_cpu / _cuda).
 template <int NumInputs, int NumOutputs>
-void finish_channel_outputs(RowCall<NumInputs, NumOutputs>& call, at::ScalarType dtype) {
+ColumnTotals channel_totals(RowCall<NumInputs, NumOutputs>& call, at::ScalarType dtype) {
+  ColumnTotals totals{};
+  totals.rows = call.batch;
+  totals.length = call.channels;
   for (int k = 0; k < NumOutputs; ++k) {
-    if (call.wanted[k] && call.output_domains[k] == Domain::Channel) {
-      call.outputs[k] = call.outputs[k].view({call.batch, call.channels}).sum(0).to(dtype);
-    }
+    if (!call.wanted[k] || call.output_domains[k] != Domain::Channel) continue;
+    TORCH_CHECK(totals.count < kMaxColumnTotals, "avo: more per-channel outputs than ColumnTotals holds");
+    call.channel_rows[k] = call.outputs[k];
+    call.outputs[k] = at::empty({call.channels}, call.channel_rows[k].options().dtype(dtype));
+    totals.sources[totals.count] = static_cast<const float*>(call.channel_rows[k].data_ptr());
+    totals.targets[totals.count] = call.outputs[k].data_ptr();
+    ++totals.count;
   }
+  return totals;
 }
 
 // Rows per CPU task: about kGrainElements elements of work each.

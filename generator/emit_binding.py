@@ -239,5 +239,11 @@ def _row_call(kernel, device: str, op: str, wanted: str) -> list[str]:
     else:
         lines += _cuda_launch(kernel, "args", extra)
     if any(o.domain == "chan" for o in kernel.outputs):
-        lines.append(f"  avo::binding::finish_channel_outputs(call, {kernel.inputs[0].name}.scalar_type());")
+        lines.append(f"  const auto totals = avo::binding::channel_totals(call, {kernel.inputs[0].name}.scalar_type());")
+        if device == "cpu":
+            lines += ["  at::parallel_for(0, totals.length, 256, [&](int64_t begin, int64_t end) {",
+                      "    backward_channels_finish_cpu(call.dtype, totals, begin, end);", "  });"]
+        else:
+            lines += ["  backward_channels_finish_cuda(call.dtype, totals, c10::cuda::getCurrentCUDAStream());",
+                      "  C10_CUDA_KERNEL_LAUNCH_CHECK();"]
     return lines

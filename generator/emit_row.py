@@ -520,6 +520,16 @@ class RowProgram:
 # Files of a row op
 # ---------------------------------------------------------------------------------
 
+CHANNEL_NOTE = ("// The per-channel outputs of the backward (gradients of [C] parameters): the kernels\n"
+                "// write one fp32 value per row, [batch, channels]; the finish sums them over the batch\n"
+                "// (avo::ColumnTotals, columns [begin, end) on the CPU).")
+
+
+def has_channel_outputs(kernel: RowKernel) -> bool:
+    """True for a kernel with per-channel outputs (a channel op's parameter gradients)."""
+    return any(o.domain == "chan" for o in kernel.outputs)
+
+
 CHUNK_NOTE = ("// Per-column outputs of the backward: fp32 partial sums per chunk of rows, then the\n"
               "// partials summed in chunk order (deterministic, no atomics).")
 
@@ -566,11 +576,16 @@ def emit_row_header(s: OpSchedule) -> str:
     for kernel in (s.forward, s.backward):
         lines.append(f"void {kernel.role}_cpu(avo::DType dtype, const {kernel.args_type}& args, "
                      f"{launcher_params(kernel, 'int64_t begin, int64_t end')});")
-    lines += ["void backward_columns_finish_cpu(avo::DType dtype, const BackwardArgs& args, int64_t begin, int64_t end);",
-              "", "#if defined(AVO_WITH_CUDA)", "// CUDA launchers enqueue their kernels on `stream`."]
+    lines.append("void backward_columns_finish_cpu(avo::DType dtype, const BackwardArgs& args, int64_t begin, int64_t end);")
+    if has_channel_outputs(bwd):
+        lines += [CHANNEL_NOTE, "void backward_channels_finish_cpu(avo::DType dtype, const avo::ColumnTotals& totals, "
+                                "int64_t begin, int64_t end);"]
+    lines += ["", "#if defined(AVO_WITH_CUDA)", "// CUDA launchers enqueue their kernels on `stream`."]
     for kernel in (s.forward, s.backward):
         lines.append(f"void {kernel.role}_cuda(avo::DType dtype, const {kernel.args_type}& args, "
                      f"{launcher_params(kernel, 'cudaStream_t stream')});")
+    if has_channel_outputs(bwd):
+        lines.append("void backward_channels_finish_cuda(avo::DType dtype, const avo::ColumnTotals& totals, cudaStream_t stream);")
     lines += ["#endif", "", f"}}  // namespace avo::ops::{spec.name}", ""]
     return "\n".join(lines)
 
@@ -678,6 +693,15 @@ def emit_row_cuda(s: OpSchedule, tunings: list[ArchTuning] = ()) -> str:
         s, "cuda", "cudaStream_t stream", "__half, __nv_bfloat16",
         lambda k, init: f"avo::launch_row_op<T, {k.args_type}>(args, {init}, "
                         f"k{k.role.capitalize()}Tuning, stream);")
+    if has_channel_outputs(s.backward):
+        lines += [
+            "void backward_channels_finish_cuda(avo::DType dtype, const avo::ColumnTotals& totals, cudaStream_t stream) {",
+            "  avo::visit_dtype<__half, __nv_bfloat16>(dtype, [&](auto tag) {",
+            "    avo::launch_column_totals<typename decltype(tag)::type>(totals, stream);",
+            "  });",
+            "}",
+            "",
+        ]
     lines += [f"}}  // namespace avo::ops::{spec.name}", ""]
     return "\n".join(lines)
 
@@ -699,6 +723,15 @@ def emit_row_cpu(s: OpSchedule) -> str:
         "  });",
         "}",
         "",
-        f"}}  // namespace avo::ops::{spec.name}", "",
     ]
+    if has_channel_outputs(bwd):
+        lines += [
+            "void backward_channels_finish_cpu(avo::DType dtype, const avo::ColumnTotals& totals, int64_t begin, int64_t end) {",
+            "  avo::visit_dtype<avo::Half, avo::BFloat16>(dtype, [&](auto tag) {",
+            "    avo::run_column_totals<typename decltype(tag)::type>(totals, begin, end);",
+            "  });",
+            "}",
+            "",
+        ]
+    lines += [f"}}  // namespace avo::ops::{spec.name}", ""]
     return "\n".join(lines)

@@ -89,6 +89,29 @@ def test_parameter_gradients_are_deterministic(device):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("wanted", ["gamma", "beta"])
+@pytest.mark.parametrize("shape", [(1100, 12, 4), (300, 5, 6), (0, 3, 4)], ids=str)
+def test_parameter_gradients_sum_the_batch(shape, wanted, device, dtype):
+    """The per-channel finish, for one parameter's gradient asked for alone: a batch of
+    1100 (more rows than a finish thread loads at once) with 12 channels (four columns
+    a GPU thread), a batch of 300 with 5 channels (one column a thread), and an empty
+    batch (gradients of zeros)."""
+    x = (torch.randn(shape, dtype=torch.float64) * 2 + 1).to(dtype=dtype, device=device)
+    grad_y = torch.randn(shape, dtype=torch.float64).to(dtype=dtype, device=device)
+    params = {name: torch.randn(shape[1], dtype=torch.float64).to(dtype=dtype, device=device) if name == wanted
+              else None for name in ("gamma", "beta")}
+    _, mu, rstd = torch.ops.avo.channel_norm_forward(x, params["gamma"], params["beta"], 1e-5, False)
+    grads = torch.ops.avo.channel_norm_backward(grad_y, mu, rstd, x, params["gamma"], params["beta"], 1e-5, False)
+    got = grads[1] if wanted == "gamma" else grads[2]
+    missing = grads[2] if wanted == "gamma" else grads[1]
+    assert got.shape == (shape[1],) and got.dtype == dtype and missing.numel() == 0
+    inputs64 = {name: None if p is None else p.double().requires_grad_(True) for name, p in params.items()}
+    (want,) = torch.autograd.grad(reference(x, inputs64["gamma"], inputs64["beta"]), inputs64[wanted],
+                                  grad_y.double())
+    terms = (grad_y.abs().max().item() if grad_y.numel() else 1.0) * shape[0] * shape[2]
+    close(got, want, dtype, scale=terms)
+
+
 @pytest.mark.parametrize("with_params", [True, False])
 def test_opcheck(with_params, device):
     x = torch.randn(2, 3, 4, 5, device=device, requires_grad=True)

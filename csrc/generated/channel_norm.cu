@@ -69,4 +69,10 @@ void backward_cuda(avo::DType dtype, const BackwardArgs& args, float eps, bool s
   });
 }
 
+void backward_channels_finish_cuda(avo::DType dtype, const avo::ColumnTotals& totals, cudaStream_t stream) {
+  avo::visit_dtype<__half, __nv_bfloat16>(dtype, [&](auto tag) {
+    avo::launch_column_totals<typename decltype(tag)::type>(totals, stream);
+  });
+}
+
 }  // namespace avo::ops::channel_norm

@@ -36,11 +36,16 @@ constexpr int kColumnSums = 0;
 void forward_cpu(avo::DType dtype, const ForwardArgs& args, float eps, bool swish, int64_t begin, int64_t end);
 void backward_cpu(avo::DType dtype, const BackwardArgs& args, float eps, bool swish, int64_t begin, int64_t end);
 void backward_columns_finish_cpu(avo::DType dtype, const BackwardArgs& args, int64_t begin, int64_t end);
+// The per-channel outputs of the backward (gradients of [C] parameters): the kernels
+// write one fp32 value per row, [batch, channels]; the finish sums them over the batch
+// (avo::ColumnTotals, columns [begin, end) on the CPU).
+void backward_channels_finish_cpu(avo::DType dtype, const avo::ColumnTotals& totals, int64_t begin, int64_t end);
 
 #if defined(AVO_WITH_CUDA)
 // CUDA launchers enqueue their kernels on `stream`.
 void forward_cuda(avo::DType dtype, const ForwardArgs& args, float eps, bool swish, cudaStream_t stream);
 void backward_cuda(avo::DType dtype, const BackwardArgs& args, float eps, bool swish, cudaStream_t stream);
+void backward_channels_finish_cuda(avo::DType dtype, const avo::ColumnTotals& totals, cudaStream_t stream);
 #endif
 
 }  // namespace avo::ops::channel_norm

@@ -53,7 +53,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu_impl(const at::Tenso
       });
     }
   }
-  avo::binding::finish_channel_outputs(call, grad_y.scalar_type());
+  const auto totals = avo::binding::channel_totals(call, grad_y.scalar_type());
+  at::parallel_for(0, totals.length, 256, [&](int64_t begin, int64_t end) {
+    backward_channels_finish_cpu(call.dtype, totals, begin, end);
+  });
   return avo::binding::returned(call.outputs);
 }
 
@@ -84,7 +87,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda_impl(const at::Tens
   const c10::cuda::CUDAGuard device_guard(call.device);
   backward_cuda(call.dtype, args, static_cast<float>(eps), static_cast<bool>(swish), c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  avo::binding::finish_channel_outputs(call, grad_y.scalar_type());
+  const auto totals = avo::binding::channel_totals(call, grad_y.scalar_type());
+  backward_channels_finish_cuda(call.dtype, totals, c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
   return avo::binding::returned(call.outputs);
 }
 

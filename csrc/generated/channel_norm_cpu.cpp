@@ -37,4 +37,10 @@ void backward_columns_finish_cpu(avo::DType dtype, const BackwardArgs& args, int
   });
 }
 
+void backward_channels_finish_cpu(avo::DType dtype, const avo::ColumnTotals& totals, int64_t begin, int64_t end) {
+  avo::visit_dtype<avo::Half, avo::BFloat16>(dtype, [&](auto tag) {
+    avo::run_column_totals<typename decltype(tag)::type>(totals, begin, end);
+  });
+}
+
 }  // namespace avo::ops::channel_norm

@@ -60,6 +60,37 @@ struct RowArgs {
   float* tile_sums;
 };
 
+// Column totals of fp32 tables: target k ([length], in the op's dtype) is the sum of
+// sources[k] ([rows, length], fp32) over its rows, in an order fixed by the shape (the
+// result does not depend on the machine). Two things are finished this way: the
+// per-column outputs of a backward (the sources are its chunks' partials, a row per
+// chunk: column_totals) and the per-channel outputs of a channel op (one fp32 value per
+// row of [batch, channels], summed over the batch: csrc/row_binding.h, channel_totals).
+constexpr int kMaxColumnTotals = 4;
+struct ColumnTotals {
+  const float* sources[kMaxColumnTotals];
+  void* targets[kMaxColumnTotals];  // nullptr: an output nobody asked for
+  int count;
+  int64_t rows;
+  int64_t length;
+};
+
+// The per-column outputs of a backward as column totals of the partials of its first
+// `chunks` chunks (args.chunks, or the GPU tiled version's fewer).
+template <typename Math, typename Args>
+ColumnTotals column_totals(const Args& args, int64_t chunks) {
+  static_assert(Math::kColumnSums <= kMaxColumnTotals, "more per-column outputs than ColumnTotals holds");
+  ColumnTotals totals{};
+  totals.count = Math::kColumnSums;
+  totals.rows = chunks;
+  totals.length = args.length;
+  for (int k = 0; k < Math::kColumnSums; ++k) {
+    totals.sources[k] = args.partials + k * chunks * args.length;
+    totals.targets[k] = args.outputs[Math::column_output(k)];
+  }
+  return totals;
+}
+
 // The per-column inputs (weight, bias) that one pass over a row reads, bit k for input
 // k. The generated math hands one to every pass, `row.for_each(avo::columns<1, 2>, body)`,
 // so that a GPU row loads exactly those inputs, a 16-byte vector at a time, in that pass

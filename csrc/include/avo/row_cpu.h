@@ -125,18 +125,24 @@ void run_rows(const Args& args, const Math& math, int64_t begin, int64_t end) {
   for (int64_t r = begin; r < end; ++r) math.template apply<Exact>(SerialRow<T, Args>(args, r));
 }
 
-// Per-column outputs, columns [begin, end): the chunks' partials summed in chunk order.
-template <typename T, typename Args, typename Math>
-void run_column_finish(const Args& args, int64_t begin, int64_t end) {
-  for (int k = 0; k < Math::kColumnSums; ++k) {
-    T* out = static_cast<T*>(args.outputs[Math::column_output(k)]);
+// Column totals (avo/row_args.h), columns [begin, end): each source's rows added in order.
+template <typename T>
+void run_column_totals(const ColumnTotals& totals, int64_t begin, int64_t end) {
+  for (int k = 0; k < totals.count; ++k) {
+    T* out = static_cast<T*>(totals.targets[k]);
     if (out == nullptr) continue;
     for (int64_t n = begin; n < end; ++n) {
       float total = 0.0f;
-      for (int64_t c = 0; c < args.chunks; ++c) total += args.partials[(k * args.chunks + c) * args.length + n];
+      for (int64_t r = 0; r < totals.rows; ++r) total += totals.sources[k][r * totals.length + n];
       out[n] = Element<T>::from_float(total);
     }
   }
+}
+
+// Per-column outputs, columns [begin, end): the chunks' partials summed in chunk order.
+template <typename T, typename Args, typename Math>
+void run_column_finish(const Args& args, int64_t begin, int64_t end) {
+  run_column_totals<T>(column_totals<Math>(args, args.chunks), begin, end);
 }
 
 }  // namespace avo

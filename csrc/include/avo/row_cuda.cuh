@@ -1587,15 +1587,15 @@ inline int finish_column_threads(int64_t length, int width) {
   return across;
 }
 
-// Per-column output k of the call, looked up with constant indices: an index computed at
-// run time into the kernel's parameters (args.outputs) copies them all to the stack.
-template <typename Math, typename Args>
-__device__ __forceinline__ void* column_output_pointer(const Args& args, int k) {
-  void* out = nullptr;
+// Item k of a kernel parameter's array, looked up with constant indices: an index
+// computed at run time into the kernel's parameters copies them all to the stack.
+template <typename P>
+__device__ __forceinline__ P parameter_item(const P (&items)[kMaxColumnTotals], int k) {
+  P item = nullptr;
   AVO_UNROLL
-  for (int j = 0; j < Math::kColumnSums; ++j)
-    if (j == k) out = args.outputs[Math::column_output(j)];
-  return out;
+  for (int j = 0; j < kMaxColumnTotals; ++j)
+    if (j == k) item = items[j];
+  return item;
 }
 
 template <int W>
@@ -1629,24 +1629,23 @@ __device__ __forceinline__ void add_chunks(Vec<float, W>& sum, const float* p, i
     if (i < count) add_to(sum, batch[i]);
 }
 
-// Per-column output blockIdx.y: the partials of each column ([column sums, chunks,
-// length] from args.partials), summed over the chunks. Thread t owns columns
-// (blockIdx.x * across + t % across) * W and on, in slice t / across; its slice's sum
-// lives in slice_sums[t], so the tree adds slot t + stride to slot t. A warp's threads
-// read consecutive 16-byte (or 4-byte) slots there: no bank conflicts without padding.
-// Columns past the length add nothing but reach every barrier.
-template <typename T, typename Args, typename Math, int W>
-__global__ void __launch_bounds__(kFinishThreads) column_finish_kernel(const Args args, int across, int64_t chunks) {
+// Column total blockIdx.y (avo/row_args.h): its source's rows ("chunks") summed per
+// column. Thread t owns columns (blockIdx.x * across + t % across) * W and on, in slice
+// t / across; its slice's sum lives in slice_sums[t], so the tree adds slot t + stride
+// to slot t. A warp's threads read consecutive 16-byte (or 4-byte) slots there: no bank
+// conflicts without padding. Columns past the length add nothing but reach every barrier.
+template <typename T, int W>
+__global__ void __launch_bounds__(kFinishThreads) column_finish_kernel(const ColumnTotals totals, int across) {
   __shared__ Vec<float, W> slice_sums[kFinishThreads];
-  T* out = static_cast<T*>(column_output_pointer<Math>(args, blockIdx.y));
+  T* out = static_cast<T*>(parameter_item(totals.targets, blockIdx.y));
   if (out == nullptr) return;  // the same for the whole block, and before any barrier
   const int t = threadIdx.x, slices = kFinishThreads / across;
-  const int64_t n = (int64_t(blockIdx.x) * across + t % across) * W;
+  const int64_t n = (int64_t(blockIdx.x) * across + t % across) * W, chunks = totals.rows;
   Vec<float, W> sum{};
-  if (n < args.length) {  // then so are the W - 1 columns after it: the length is a multiple of W
+  if (n < totals.length) {  // then so are the W - 1 columns after it: the length is a multiple of W
     const int slice = t / across;
-    const int64_t step = int64_t(slices) * args.length;  // from a chunk of the slice to its next
-    const float* p = args.partials + (int64_t(blockIdx.y) * chunks + slice) * args.length + n;
+    const int64_t step = int64_t(slices) * totals.length;  // from a chunk of the slice to its next
+    const float* p = parameter_item(totals.sources, blockIdx.y) + slice * totals.length + n;
     for (int64_t left = (chunks - slice + slices - 1) / slices; left > 0; left -= kFinishBatch, p += kFinishBatch * step)
       add_chunks<W>(sum, p, step, left < kFinishBatch ? int(left) : kFinishBatch);
   }
@@ -1658,24 +1657,28 @@ __global__ void __launch_bounds__(kFinishThreads) column_finish_kernel(const Arg
       if (stride > across) slice_sums[t] = sum;  // read by the next step; after the last, slice 0 holds the totals
     }
   }
-  if (t < across && n < args.length) {
+  if (t < across && n < totals.length) {
     AVO_UNROLL
     for (int j = 0; j < W; ++j) out[n + j] = Element<T>::from_float(sum.v[j]);
   }
 }
 
-// The per-column outputs from the partials of `chunks` chunks (args.chunks, or the tiled
-// version's fewer).
-template <typename T, typename Args, typename Math>
-void launch_column_finish(const Args& args, int64_t chunks, cudaStream_t stream) {
-  const int width = args.length % 4 == 0 ? 4 : 1;
-  const int across = finish_column_threads(args.length, width);
+// Column totals (avo/row_args.h) on `stream`. W = 4 needs every source 16-byte aligned:
+// the partials and torch's allocations are, and a source's rows then are too where the
+// length is a multiple of 4.
+template <typename T>
+void launch_column_totals(const ColumnTotals& totals, cudaStream_t stream) {
+  if (totals.count == 0 || totals.length == 0) return;
+  bool aligned = totals.length % 4 == 0;
+  for (int k = 0; k < totals.count; ++k) aligned &= totals.sources[k] == nullptr || is_aligned(totals.sources[k], 16);
+  const int width = aligned ? 4 : 1;
+  const int across = finish_column_threads(totals.length, width);
   const int64_t columns = int64_t(across) * width;
-  const dim3 blocks(unsigned((args.length + columns - 1) / columns), Math::kColumnSums);
+  const dim3 blocks(unsigned((totals.length + columns - 1) / columns), unsigned(totals.count));
   if (width == 4)
-    column_finish_kernel<T, Args, Math, 4><<<blocks, kFinishThreads, 0, stream>>>(args, across, chunks);
+    column_finish_kernel<T, 4><<<blocks, kFinishThreads, 0, stream>>>(totals, across);
   else
-    column_finish_kernel<T, Args, Math, 1><<<blocks, kFinishThreads, 0, stream>>>(args, across, chunks);
+    column_finish_kernel<T, 1><<<blocks, kFinishThreads, 0, stream>>>(totals, across);
 }
 
 // True when every per-element and per-column tensor of the call starts `bytes`-aligned.
@@ -1995,7 +1998,7 @@ void launch_row_op(const Args& args, const Math& math, const RowTuning (&tuning)
       else launch_global_rows<T, Args, Math, 1>(args, math, vectors, chunked, device, stream);
       break;
   }
-  if (chunked && args.length > 0) launch_column_finish<T, Args, Math>(args, partial_chunks, stream);
+  if (chunked) launch_column_totals<T>(column_totals<Math>(args, partial_chunks), stream);
 }
 
 }  // namespace avo
