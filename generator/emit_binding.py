@@ -238,7 +238,7 @@ def _row_call(kernel, device: str, op: str, wanted: str) -> list[str]:
         lines.append("  }")
     else:
         lines += _cuda_launch(kernel, "args", extra)
-    if any(o.domain == "chan" for o in kernel.outputs):
+    if kernel.channel_outputs:
         lines.append(f"  const auto totals = avo::binding::channel_totals(call, {kernel.inputs[0].name}.scalar_type());")
         if device == "cpu":
             lines += ["  at::parallel_for(0, totals.length, 256, [&](int64_t begin, int64_t end) {",

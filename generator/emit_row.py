@@ -182,8 +182,7 @@ class RowProgram:
         its sigmoid there and spilled 88 bytes: 10-15% slower in 16 bits on the H200 (rows
         of 256 to 16384) than computing the sigmoid in both passes."""
         element_inputs = sum(i.domain == "elem" for i in self.kernel.inputs)
-        column_sums = any(o.domain == "col" for o in self.kernel.outputs)
-        return element_inputs < 2 or column_sums
+        return element_inputs < 2 or bool(self.kernel.column_outputs)
 
     @staticmethod
     def _stage_passes(stage: list[Node]) -> list[list[Node]]:
@@ -525,11 +524,6 @@ CHANNEL_NOTE = ("// The per-channel outputs of the backward (gradients of [C] pa
                 "// (avo::ColumnTotals, columns [begin, end) on the CPU).")
 
 
-def has_channel_outputs(kernel: RowKernel) -> bool:
-    """True for a kernel with per-channel outputs (a channel op's parameter gradients)."""
-    return any(o.domain == "chan" for o in kernel.outputs)
-
-
 CHUNK_NOTE = ("// Per-column outputs of the backward: fp32 partial sums per chunk of rows, then the\n"
               "// partials summed in chunk order (deterministic, no atomics).")
 
@@ -577,14 +571,14 @@ def emit_row_header(s: OpSchedule) -> str:
         lines.append(f"void {kernel.role}_cpu(avo::DType dtype, const {kernel.args_type}& args, "
                      f"{launcher_params(kernel, 'int64_t begin, int64_t end')});")
     lines.append("void backward_columns_finish_cpu(avo::DType dtype, const BackwardArgs& args, int64_t begin, int64_t end);")
-    if has_channel_outputs(bwd):
+    if bwd.channel_outputs:
         lines += [CHANNEL_NOTE, "void backward_channels_finish_cpu(avo::DType dtype, const avo::ColumnTotals& totals, "
                                 "int64_t begin, int64_t end);"]
     lines += ["", "#if defined(AVO_WITH_CUDA)", "// CUDA launchers enqueue their kernels on `stream`."]
     for kernel in (s.forward, s.backward):
         lines.append(f"void {kernel.role}_cuda(avo::DType dtype, const {kernel.args_type}& args, "
                      f"{launcher_params(kernel, 'cudaStream_t stream')});")
-    if has_channel_outputs(bwd):
+    if bwd.channel_outputs:
         lines.append("void backward_channels_finish_cuda(avo::DType dtype, const avo::ColumnTotals& totals, cudaStream_t stream);")
     lines += ["#endif", "", f"}}  // namespace avo::ops::{spec.name}", ""]
     return "\n".join(lines)
@@ -693,7 +687,7 @@ def emit_row_cuda(s: OpSchedule, tunings: list[ArchTuning] = ()) -> str:
         s, "cuda", "cudaStream_t stream", "__half, __nv_bfloat16",
         lambda k, init: f"avo::launch_row_op<T, {k.args_type}>(args, {init}, "
                         f"k{k.role.capitalize()}Tuning, stream);")
-    if has_channel_outputs(s.backward):
+    if s.backward.channel_outputs:
         lines += [
             "void backward_channels_finish_cuda(avo::DType dtype, const avo::ColumnTotals& totals, cudaStream_t stream) {",
             "  avo::visit_dtype<__half, __nv_bfloat16>(dtype, [&](auto tag) {",
@@ -724,7 +718,7 @@ def emit_row_cpu(s: OpSchedule) -> str:
         "}",
         "",
     ]
-    if has_channel_outputs(bwd):
+    if bwd.channel_outputs:
         lines += [
             "void backward_channels_finish_cpu(avo::DType dtype, const avo::ColumnTotals& totals, int64_t begin, int64_t end) {",
             "  avo::visit_dtype<avo::Half, avo::BFloat16>(dtype, [&](auto tag) {",

@@ -129,6 +129,11 @@ class RowKernel(KernelNames):
         return tuple(k for k, o in enumerate(self.outputs) if o.domain == "col")
 
     @property
+    def channel_outputs(self) -> tuple[int, ...]:
+        """A channel op's per-channel outputs (its parameter gradients)."""
+        return tuple(k for k, o in enumerate(self.outputs) if o.domain == "chan")
+
+    @property
     def saved(self) -> tuple[str, ...]:
         """A forward's per-row values for its backward (its outputs of domain "saved", last)."""
         return tuple(o.name for o in self.outputs if o.domain == "saved")
