@@ -160,25 +160,44 @@ __device__ __forceinline__ Value group_combine(Value value, int group_threads, B
   return butterfly(per_warp[first + (threadIdx.x & (warps - 1))], warps);
 }
 
+// Calls step(offset) for the shuffle offsets of a butterfly over `width` lanes (a power
+// of two up to 32): width / 2, ..., 2, 1. kUnrolled: the five offsets from 16 down,
+// those not below the width skipped, with no loop. The rows whose group is the block
+// (cluster, global, staged and tiled rows) take it: a loop over a width known only at
+// run time spent a shift, a compare and a branch on each shuffle, and on the H200 the
+// cluster forwards at 65536 and 262144 ran 3-6% faster without it. The register rows
+// keep the loop: unrolled, their kernels took more registers (log_softmax's 16-bit
+// forward 35 -> 42, two blocks of 512 threads a multiprocessor instead of three, 9%
+// slower at 4096x16384).
+template <bool kUnrolled, typename Step>
+__device__ __forceinline__ void butterfly_offsets(int width, Step step) {
+  if constexpr (kUnrolled) {
+    AVO_UNROLL
+    for (int offset = 16; offset > 0; offset /= 2)
+      if (offset < width) step(offset);
+  } else {
+    for (int offset = width / 2; offset > 0; offset /= 2) step(offset);
+  }
+}
+
 // Combines `value` over each group of `group_threads` consecutive threads by `combine`
-// (commutative), as group_combine.
-template <typename Combine>
+// (commutative), as group_combine; kUnrolled as in butterfly_offsets.
+template <bool kUnrolled = false, typename Combine>
 __device__ __forceinline__ float group_reduce(float value, Combine combine, int group_threads) {
   return group_combine(value, group_threads, [&](float mine, int width) {
-    for (int offset = width / 2; offset > 0; offset /= 2) mine = combine(mine, __shfl_xor_sync(0xffffffffu, mine, offset));
+    butterfly_offsets<kUnrolled>(width, [&](int offset) { mine = combine(mine, __shfl_xor_sync(0xffffffffu, mine, offset)); });
     return mine;
   });
 }
 
 // K sums over each group of `group_threads` consecutive threads at once (see
 // group_reduce): one exchange across the warps of a group for all K.
-template <int K>
+template <int K, bool kUnrolled = false>
 __device__ __forceinline__ void group_sums(float (&values)[K], int group_threads) {
-  const int width = group_threads < 32 ? group_threads : 32;
-  for (int offset = width / 2; offset > 0; offset /= 2) {
+  butterfly_offsets<kUnrolled>(group_threads < 32 ? group_threads : 32, [&](int offset) {
     AVO_UNROLL
     for (int k = 0; k < K; ++k) values[k] += __shfl_xor_sync(0xffffffffu, values[k], offset);
-  }
+  });
   if (group_threads <= 32) return;
   __shared__ float per_warp[K][32];
   const int warp = threadIdx.x / 32, warps = group_threads / 32;
@@ -226,6 +245,12 @@ constexpr int kMaxWideClusterBlocks = 16;
 // at GPU scope (MEMBAR.ALL.GPU): at each exchange it waits for the loads of the next row
 // that a pipelined row has just issued, and for the last row's stores (on the H200 the
 // cluster rows of 65536 and 262144 elements ran up to 1.46x faster without it).
+// The wait acquires at the scope of the block, as a wait for a bulk copy does: the
+// values it waits for are in the block's own shared memory, counted in by the mbarrier.
+// Acquiring at the scope of the cluster also invalidates the multiprocessor's L1
+// (CCTL.IVALL), which only loads of global memory that other blocks wrote would need,
+// and the rows read none: that took 5% of the stall samples of layernorm's cluster
+// forward on the H200.
 //
 // Two mailbox slots in turn, each with its mbarrier: exchange e uses slot e % 2, in
 // that slot's phase e / 2. A block sends exchange e + 2 into slot e % 2 of block b only
@@ -295,7 +320,7 @@ __device__ __forceinline__ const float4* cluster_exchange(const float (&values)[
   unsigned done = 0;
   do {
     asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
         : "=r"(done)
         : "r"(arrived), "r"(phase)
         : "memory");
@@ -353,14 +378,15 @@ __device__ __forceinline__ Moments shifted_moments(int count, float shift, float
 // combines values. The update is not symmetric in its rounding: each butterfly step takes
 // the lower lane's moments first, so that every thread of the group ends with the same
 // result.
+template <bool kUnrolled = false>
 __device__ __forceinline__ Moments group_moments(Moments value, int group_threads) {
   return group_combine(value, group_threads, [](Moments mine, int width) {
-    for (int offset = width / 2; offset > 0; offset /= 2) {
+    butterfly_offsets<kUnrolled>(width, [&](int offset) {
       const Moments other = {__shfl_xor_sync(0xffffffffu, mine.count, offset),
                              __shfl_xor_sync(0xffffffffu, mine.mean, offset),
                              __shfl_xor_sync(0xffffffffu, mine.m2, offset)};
       mine = (threadIdx.x & offset) == 0 ? combine_moments(mine, other) : combine_moments(other, mine);
-    }
+    });
     return mine;
   });
 }
@@ -739,7 +765,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
       for (int j = 0; j < V; ++j) partial = combine.accumulate(partial, term(At{*this, i, j, cols, nullptr, kAgain}));
     });
     if constexpr (kClustered) {
-      float value[1] = {group_reduce(partial, combine, int(blockDim.x))};
+      float value[1] = {group_reduce<true>(partial, combine, int(blockDim.x))};
       cluster_combine(value, combine, *exchanges);
       return value[0];
     }
@@ -760,7 +786,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
       }
     });
     if constexpr (kClustered) {
-      group_sums(out, int(blockDim.x));
+      group_sums<K, true>(out, int(blockDim.x));
       cluster_combine(out, Plus{}, *exchanges);
     } else {
       group_sums(out, group_threads);
@@ -982,11 +1008,11 @@ struct StagedRow : RowView<T, Args>, LoadedVectorPasses<StagedRow<T, Args, Math,
 
   template <typename Combine>
   __device__ __forceinline__ float combine_threads(float value, Combine combine) const {
-    return group_reduce(value, combine, blockDim.x);
+    return group_reduce<true>(value, combine, blockDim.x);
   }
   template <int K>
   __device__ __forceinline__ void sum_threads(float (&values)[K]) const {
-    group_sums(values, blockDim.x);
+    group_sums<K, true>(values, blockDim.x);
   }
 
   __device__ __forceinline__ void store_row(int k, float value) const {
@@ -1047,18 +1073,18 @@ struct GlobalRow : RowView<T, Args>, LoadedVectorPasses<GlobalRow<T, Args, Math,
   // Per-thread values combined over the row's threads: the block, then the cluster.
   template <typename Combine>
   __device__ __forceinline__ float combine_threads(float value, Combine combine) const {
-    float values[1] = {group_reduce(value, combine, int(blockDim.x))};
+    float values[1] = {group_reduce<true>(value, combine, int(blockDim.x))};
     if constexpr (kClustered) cluster_combine(values, combine, *exchanges);
     return values[0];
   }
   template <int K>
   __device__ __forceinline__ void sum_threads(float (&values)[K]) const {
-    group_sums(values, int(blockDim.x));
+    group_sums<K, true>(values, int(blockDim.x));
     if constexpr (kClustered) cluster_combine(values, Plus{}, *exchanges);
   }
   static constexpr bool kMergesMoments = true;
   __device__ __forceinline__ Moments merge_moments(const Moments& value) const {
-    const Moments block = group_moments(value, int(blockDim.x));
+    const Moments block = group_moments<true>(value, int(blockDim.x));
     if constexpr (kClustered) return cluster_moments(block, *exchanges);
     return block;
   }
@@ -1187,11 +1213,11 @@ struct TiledRow : RowView<T, Args>, LoadedVectorPasses<TiledRow<T, Args, Math, V
 
   template <typename Combine>
   __device__ __forceinline__ float combine_threads(float value, Combine combine) const {
-    return group_reduce(value, combine, int(blockDim.x));
+    return group_reduce<true>(value, combine, int(blockDim.x));
   }
   template <int K>
   __device__ __forceinline__ void sum_threads(float (&values)[K]) const {
-    group_sums(values, int(blockDim.x));
+    group_sums<K, true>(values, int(blockDim.x));
   }
 
   // The tile parts of value k of the row's reduction.
