@@ -194,10 +194,11 @@ __device__ __forceinline__ float group_reduce(float value, Combine combine, int 
 // group_reduce): one exchange across the warps of a group for all K.
 template <int K, bool kUnrolled = false>
 __device__ __forceinline__ void group_sums(float (&values)[K], int group_threads) {
-  butterfly_offsets<kUnrolled>(group_threads < 32 ? group_threads : 32, [&](int offset) {
+  const auto add_lanes = [&](int offset) {
     AVO_UNROLL
     for (int k = 0; k < K; ++k) values[k] += __shfl_xor_sync(0xffffffffu, values[k], offset);
-  });
+  };
+  butterfly_offsets<kUnrolled>(group_threads < 32 ? group_threads : 32, add_lanes);
   if (group_threads <= 32) return;
   __shared__ float per_warp[K][32];
   const int warp = threadIdx.x / 32, warps = group_threads / 32;
@@ -215,11 +216,7 @@ __device__ __forceinline__ void group_sums(float (&values)[K], int group_threads
   const int lane = threadIdx.x % 32;
   AVO_UNROLL
   for (int k = 0; k < K; ++k) values[k] = lane < warps ? per_warp[k][first + lane] : 0.0f;
-  AVO_UNROLL
-  for (int offset = 16; offset > 0; offset /= 2) {
-    AVO_UNROLL
-    for (int k = 0; k < K; ++k) values[k] += __shfl_xor_sync(0xffffffffu, values[k], offset);
-  }
+  butterfly_offsets<true>(32, add_lanes);
 }
 
 // Blocks in a cluster at most: the portable limit, 8; and for a cluster row, sm_90's
@@ -1230,7 +1227,7 @@ struct TiledRow : RowView<T, Args>, LoadedVectorPasses<TiledRow<T, Args, Math, V
     const float* parts = tile_parts(k);
     float total = identity;
     for (int64_t t = threadIdx.x % 32; t < tiles; t += 32) total = combine(total, parts[t]);
-    for (int offset = 16; offset > 0; offset /= 2) total = combine(total, __shfl_xor_sync(0xffffffffu, total, offset));
+    butterfly_offsets<true>(32, [&](int offset) { total = combine(total, __shfl_xor_sync(0xffffffffu, total, offset)); });
     return total;
   }
 
