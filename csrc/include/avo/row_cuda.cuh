@@ -1159,8 +1159,17 @@ struct TiledRow : RowView<T, Args>, LoadedVectorPasses<TiledRow<T, Args, Math, V
   using Cached = Packed<T, V>;
   static constexpr int kSums = Math::kColumnSums > 0 ? Math::kColumnSums : 1;
   using ColumnSums = float[kSums][P][V];
+  // Whether a row's tile parts of tile `lane` (lane = threadIdx.x % 32, where lane <
+  // tiles) are loaded with its vectors (kTiledMaxSums of them, whether the math sums that
+  // many or fewer), not after them in tile_total: on the H200 the 16-bit backwards of
+  // 16384 to 262144 gained 3-18% (layernorm's at 1024x65536 0.41 -> 0.45 of copy), the
+  // fp32 ones of 262144 (128 tiles) lost 12-14%, for a reason not found (the registers
+  // are the same).
+  static constexpr bool kLoadsParts = kTotals && sizeof(T) == 2;
+  // This thread's vectors of the tile, and where kLoadsParts its parts of the reduction.
   struct Vectors {
     Cached v[Args::kInputs][P];
+    float first_parts[kLoadsParts ? kTiledMaxSums : 1];
   };
 
   int64_t tile, tiles;
@@ -1170,15 +1179,15 @@ struct TiledRow : RowView<T, Args>, LoadedVectorPasses<TiledRow<T, Args, Math, V
   __device__ __forceinline__ TiledRow(const Args& a, int64_t row, int64_t its_tile, int64_t row_tiles,
                                       ColumnSums* column_sums)
       : RowView<T, Args>(a, row), tile(its_tile), tiles(row_tiles), columns(column_sums) {
-    load_vectors(args, r, first_vector(tile), cache);
+    load(args, r, tile, tiles, cache);
   }
 
   // This thread's vector i of a tile is the row's vector i * kTileThreads + first_vector(tile).
   __device__ __forceinline__ static int64_t first_vector(int64_t tile) {
     return tile * P * kTileThreads + threadIdx.x;
   }
-  __device__ __forceinline__ static void load_vectors(const Args& args, int64_t row, int64_t first, Vectors& out) {
-    const int64_t vectors = args.length / V;
+  __device__ __forceinline__ static void load(const Args& args, int64_t row, int64_t tile, int64_t tiles, Vectors& out) {
+    const int64_t vectors = args.length / V, first = first_vector(tile);
     AVO_UNROLL
     for (int k = 0; k < Args::kInputs; ++k) {
       if (!((Math::kElementInputs >> k) & 1u)) continue;
@@ -1187,6 +1196,12 @@ struct TiledRow : RowView<T, Args>, LoadedVectorPasses<TiledRow<T, Args, Math, V
         const int64_t v = first + int64_t(i) * kTileThreads;
         if (v < vectors) out.v[k][i].load(static_cast<const T*>(args.inputs[k]) + row * args.length + v * V);
       }
+    }
+    if constexpr (kLoadsParts) {
+      const int lane = threadIdx.x % 32;
+      AVO_UNROLL
+      for (int k = 0; k < kTiledMaxSums; ++k)
+        out.first_parts[k] = lane < tiles ? args.tile_sums[(row * kTiledMaxSums + k) * tiles + lane] : 0.0f;
     }
   }
 
@@ -1220,13 +1235,20 @@ struct TiledRow : RowView<T, Args>, LoadedVectorPasses<TiledRow<T, Args, Math, V
   // The tile parts of value k of the row's reduction.
   __device__ __forceinline__ float* tile_parts(int k) const { return args.tile_sums + (r * kTiledMaxSums + k) * tiles; }
 
-  // The tiles' parts of value k combined: lane l takes tiles l, l + 32, ... in order,
-  // then the lanes combine in a butterfly (every lane gets the same value).
+  // The tiles' parts of value k combined: lane l takes tiles l (loaded with the vectors
+  // where kLoadsParts), l + 32, ... in order, then the lanes combine in a butterfly
+  // (every lane gets the same value).
   template <typename Combine>
   __device__ __forceinline__ float tile_total(int k, Combine combine, float identity) const {
     const float* parts = tile_parts(k);
+    const int lane = threadIdx.x % 32;
     float total = identity;
-    for (int64_t t = threadIdx.x % 32; t < tiles; t += 32) total = combine(total, parts[t]);
+    int64_t t = lane;
+    if constexpr (kLoadsParts) {
+      if (lane < tiles) total = combine(total, cache.first_parts[k]);
+      t += 32;
+    }
+    for (; t < tiles; t += 32) total = combine(total, parts[t]);
     butterfly_offsets<true>(32, [&](int offset) { total = combine(total, __shfl_xor_sync(0xffffffffu, total, offset)); });
     return total;
   }
