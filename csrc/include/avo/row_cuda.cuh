@@ -237,8 +237,8 @@ constexpr int kMaxWideClusterBlocks = 16;
 // block of the cluster (thread t to block t, one st.async of 16 bytes into that block's
 // mailbox, which completes bytes on the mailbox's mbarrier), then waits on its own
 // mbarrier until all the blocks' values have arrived, and every thread combines them
-// from its block's shared memory in rank order (the same order in every block:
-// deterministic). A cluster barrier (cluster.sync()) instead fences every memory access
+// from its block's shared memory in the same order in every block (deterministic; see
+// cluster_combine). A cluster barrier (cluster.sync()) instead fences every memory access
 // at GPU scope (MEMBAR.ALL.GPU): at each exchange it waits for the loads of the next row
 // that a pipelined row has just issued, and for the last row's stores (on the H200 the
 // cluster rows of 65536 and 262144 elements ran up to 1.46x faster without it).
@@ -328,12 +328,31 @@ __device__ __forceinline__ const float4* cluster_exchange(const float (&values)[
 #endif
 }
 
-// values[k] combined over the blocks of the cluster, for each k.
+// values[k] combined over the blocks of the cluster, for each k. Where the blocks are a
+// power of two (every cluster row's, and a global row's of a power-of-two length), lane
+// l of each warp takes block (l mod blocks)'s values and the lanes combine them in a
+// butterfly over `blocks` lanes: one shared-memory load and log2(blocks) shuffles, where
+// reading every block's values took `blocks` loads and combines in every thread (16 of
+// each in the fp32 cluster rows of 262144 forwards and 65536 backwards, whose threads
+// hold 8 or 16 elements). Every thread still gets the same values: each step combines
+// the same two values in both lanes, and every group of `blocks` lanes holds the same
+// values in the same places. Other counts combine in rank order.
 template <int K, typename Combine>
 __device__ __forceinline__ void cluster_combine(float (&values)[K], Combine combine, unsigned& exchanges) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const float4* slot = cluster_exchange(values, exchanges);
   const unsigned blocks = cooperative_groups::this_cluster().num_blocks();
+  if ((blocks & (blocks - 1)) == 0) {
+    const float4 mine = slot[threadIdx.x & (blocks - 1)];
+    const float taken[kMailboxValues] = {mine.x, mine.y, mine.z, mine.w};
+    AVO_UNROLL
+    for (int k = 0; k < K; ++k) values[k] = taken[k];
+    butterfly_offsets<true>(int(blocks), [&](int offset) {
+      AVO_UNROLL
+      for (int k = 0; k < K; ++k) values[k] = combine(values[k], __shfl_xor_sync(0xffffffffu, values[k], offset));
+    });
+    return;
+  }
   const float4 first = slot[0];
   float total[kMailboxValues] = {first.x, first.y, first.z, first.w};
   for (unsigned b = 1; b < blocks; ++b) {
