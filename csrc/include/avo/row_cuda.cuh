@@ -1220,7 +1220,7 @@ struct TiledRow : RowView<T, Args>, LoadedVectorPasses<TiledRow<T, Args, Math, V
       const int lane = threadIdx.x % 32;
       AVO_UNROLL
       for (int k = 0; k < kTiledMaxSums; ++k)
-        out.first_parts[k] = lane < tiles ? args.tile_sums[(row * kTiledMaxSums + k) * tiles + lane] : 0.0f;
+        out.first_parts[k] = lane < tiles ? row_tile_parts(args, row, tiles, k)[lane] : 0.0f;
     }
   }
 
@@ -1251,8 +1251,11 @@ struct TiledRow : RowView<T, Args>, LoadedVectorPasses<TiledRow<T, Args, Math, V
     group_sums<K, true>(values, int(blockDim.x));
   }
 
-  // The tile parts of value k of the row's reduction.
-  __device__ __forceinline__ float* tile_parts(int k) const { return args.tile_sums + (r * kTiledMaxSums + k) * tiles; }
+  // The tile parts of value k of a row's reduction.
+  __device__ __forceinline__ static float* row_tile_parts(const Args& args, int64_t row, int64_t tiles, int k) {
+    return args.tile_sums + (row * kTiledMaxSums + k) * tiles;
+  }
+  __device__ __forceinline__ float* tile_parts(int k) const { return row_tile_parts(args, r, tiles, k); }
 
   // The tiles' parts of value k combined: lane l takes tiles l (loaded with the vectors
   // where kLoadsParts), l + 32, ... in order, then the lanes combine in a butterfly
