@@ -180,6 +180,17 @@ __device__ __forceinline__ void butterfly_offsets(int width, Step step) {
   }
 }
 
+// values[k] combined by `combine` (commutative) over aligned runs of `width` lanes of a
+// warp (a power of two up to 32), every lane getting the result; kUnrolled as in
+// butterfly_offsets.
+template <bool kUnrolled, int K, typename Combine>
+__device__ __forceinline__ void combine_lanes(float (&values)[K], int width, Combine combine) {
+  butterfly_offsets<kUnrolled>(width, [&](int offset) {
+    AVO_UNROLL
+    for (int k = 0; k < K; ++k) values[k] = combine(values[k], __shfl_xor_sync(0xffffffffu, values[k], offset));
+  });
+}
+
 // Combines `value` over each group of `group_threads` consecutive threads by `combine`
 // (commutative), as group_combine; kUnrolled as in butterfly_offsets.
 template <bool kUnrolled = false, typename Combine>
@@ -194,11 +205,8 @@ __device__ __forceinline__ float group_reduce(float value, Combine combine, int 
 // group_reduce): one exchange across the warps of a group for all K.
 template <int K, bool kUnrolled = false>
 __device__ __forceinline__ void group_sums(float (&values)[K], int group_threads) {
-  const auto add_lanes = [&](int offset) {
-    AVO_UNROLL
-    for (int k = 0; k < K; ++k) values[k] += __shfl_xor_sync(0xffffffffu, values[k], offset);
-  };
-  butterfly_offsets<kUnrolled>(group_threads < 32 ? group_threads : 32, add_lanes);
+  const auto add = [](float a, float b) { return a + b; };
+  combine_lanes<kUnrolled>(values, group_threads < 32 ? group_threads : 32, add);
   if (group_threads <= 32) return;
   __shared__ float per_warp[K][32];
   const int warp = threadIdx.x / 32, warps = group_threads / 32;
@@ -216,7 +224,7 @@ __device__ __forceinline__ void group_sums(float (&values)[K], int group_threads
   const int lane = threadIdx.x % 32;
   AVO_UNROLL
   for (int k = 0; k < K; ++k) values[k] = lane < warps ? per_warp[k][first + lane] : 0.0f;
-  butterfly_offsets<true>(32, add_lanes);
+  combine_lanes<true>(values, 32, add);
 }
 
 // Blocks in a cluster at most: the portable limit, 8; and for a cluster row, sm_90's
@@ -347,10 +355,7 @@ __device__ __forceinline__ void cluster_combine(float (&values)[K], Combine comb
     const float taken[kMailboxValues] = {mine.x, mine.y, mine.z, mine.w};
     AVO_UNROLL
     for (int k = 0; k < K; ++k) values[k] = taken[k];
-    butterfly_offsets<true>(int(blocks), [&](int offset) {
-      AVO_UNROLL
-      for (int k = 0; k < K; ++k) values[k] = combine(values[k], __shfl_xor_sync(0xffffffffu, values[k], offset));
-    });
+    combine_lanes<true>(values, int(blocks), combine);
     return;
   }
   const float4 first = slot[0];
