@@ -162,7 +162,7 @@ def entry_points(s: OpSchedule, device: str, last_param: str, types: str, call) 
     return lines
 
 
-# U = kMapVectorsPerThread, threads = kMapThreads (avo/map_cuda.cuh, avo/cuda_launch.cuh).
+# U = MapVectors<T>::kPerThread, threads = kMapThreads (avo/map_cuda.cuh, avo/cuda_launch.cuh).
 DISPATCH_TABLE = [
     "// Which kernel of avo/map_cuda.cuh runs, chosen on the host per call:",
     "//   | layout of the call                                  | kernel                | grid                                     |",

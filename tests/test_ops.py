@@ -98,10 +98,20 @@ def test_non_contiguous_inputs(case, layout, device, dtype):
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_large_input_split_across_threads(case, device):
-    # Larger than one parallel chunk on the CPU and many blocks on the GPU, odd length.
-    x = make_input((300_007,), torch.float32, device)
-    assert_matches_reference(CASES[case][0](x), CASES[case][1](x.double()), torch.float32)
+def test_large_input_split_across_threads(case, device, dtype):
+    # Larger than one parallel chunk on the CPU and many blocks on the GPU (the 16-bit
+    # kernels' inputs staged through shared memory, the fp32 ones' through registers), of
+    # an odd length: the last block is partial and block 0 takes the elements past the
+    # last 16-byte vector. The gradient too: its kernel reads two inputs.
+    x = make_input((300_007,), dtype, device, requires_grad=True)
+    grad_y = make_input((300_007,), dtype, device)
+    y = CASES[case][0](x)
+    (grad_x,) = torch.autograd.grad(y, x, grad_y)
+    x64 = x.detach().double().requires_grad_(True)
+    y64 = CASES[case][1](x64)
+    (expected,) = torch.autograd.grad(y64, x64, grad_y.double())
+    assert_matches_reference(y.detach(), y64.detach(), dtype)
+    assert_matches_reference(grad_x, expected, dtype, scale=_scale(grad_y))
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -11,32 +11,64 @@
 
 namespace avo {
 
-// 16-byte vectors each thread of map_vectorized_kernel moves per input and output.
-constexpr int kMapVectorsPerThread = 4;
+// How map_vectorized_kernel moves vectors of T: kPerThread 16-byte vectors per input and
+// output a thread, and whether the inputs arrive through shared memory (kStaged).
+// ptxas places each vector's register load just before that vector's math, whatever the
+// source order (to keep fewer registers live), so a thread has one load in flight while
+// it computes its other vectors. A 16-bit vector holds 8 elements, and with math like
+// gelu's (about 20 instructions an element) the loads then came too slowly: its bf16
+// forward ran at 0.82 of copy on the H200. Copies into shared memory with cp.async
+// cannot move past the wait that comes before the math, so all of a thread's loads are
+// in flight together (0.91 of copy, two vectors a thread 0.5% ahead of four). A 32-bit
+// vector holds 4 elements: staged, the fp32 kernels were 0-3% slower, and they keep
+// registers.
+template <typename T>
+struct MapVectors {
+  static constexpr bool kStaged = sizeof(T) == 2;
+  static constexpr int kPerThread = kStaged ? 2 : 4;
+};
 
 // Every tensor dense and 16-byte aligned. Block b covers the U * kMapThreads 16-byte
-// vectors from b * U * kMapThreads on; each thread loads its U vectors per input
-// (coalesced across the block) before computing any, so that enough loads are in flight,
-// then stores U vectors per output. Block 0 also takes the numel % V elements past the
-// last full vector.
+// vectors from b * U * kMapThreads on (U = MapVectors<T>::kPerThread); each thread loads
+// its U vectors per input (coalesced across the block) before computing any, then stores
+// U vectors per output. Block 0 also takes the numel % V elements past the last full
+// vector.
 template <typename T, int NumInputs, int NumOutputs, typename Math>
 __global__ void __launch_bounds__(kMapThreads) map_vectorized_kernel(const MapArgs<NumInputs, NumOutputs> args,
                                                                      const Math math) {
   constexpr int V = 16 / sizeof(T);
-  constexpr int U = kMapVectorsPerThread;
+  constexpr int U = MapVectors<T>::kPerThread;
   using P = PrecisionFor<T>;
   const int64_t vectors = args.numel / V;
   const int64_t base = int64_t(blockIdx.x) * (U * kMapThreads) + threadIdx.x;
   if (base < vectors) {
     Vec<T, V> in[NumInputs][U];
-    AVO_UNROLL
-    for (int u = 0; u < U; ++u) {
-      // Clamped: a thread whose vector u lies past the end re-reads the last vector
-      // (and stores nothing), so the loads need no predicate.
-      const int64_t v = base + u * kMapThreads < vectors ? base + u * kMapThreads : vectors - 1;
+    // Clamped: a thread whose vector u lies past the end re-reads the last vector (and
+    // stores nothing), so the loads need no predicate.
+    auto vector_index = [&](int u) { return base + u * kMapThreads < vectors ? base + u * kMapThreads : vectors - 1; };
+    if constexpr (MapVectors<T>::kStaged) {
+      // Each thread copies into its own slots and reads back only them: no barrier.
+      __shared__ uint4 staged[NumInputs][U][kMapThreads];
       AVO_UNROLL
-      for (int k = 0; k < NumInputs; ++k)
-        if (input_present<Math>(args, k)) in[k][u] = load_vec_readonly<V>(static_cast<const T*>(args.inputs[k]) + v * V);
+      for (int u = 0; u < U; ++u)
+        AVO_UNROLL
+        for (int k = 0; k < NumInputs; ++k)
+          if (input_present<Math>(args, k))
+            cp_async_16(&staged[k][u][threadIdx.x], static_cast<const T*>(args.inputs[k]) + vector_index(u) * V);
+      cp_async_commit();
+      cp_async_wait<0>();
+      AVO_UNROLL
+      for (int u = 0; u < U; ++u)
+        AVO_UNROLL
+        for (int k = 0; k < NumInputs; ++k)
+          if (input_present<Math>(args, k)) memcpy(&in[k][u], &staged[k][u][threadIdx.x], sizeof(in[k][u]));
+    } else {
+      AVO_UNROLL
+      for (int u = 0; u < U; ++u)
+        AVO_UNROLL
+        for (int k = 0; k < NumInputs; ++k)
+          if (input_present<Math>(args, k))
+            in[k][u] = load_vec_readonly<V>(static_cast<const T*>(args.inputs[k]) + vector_index(u) * V);
     }
     Vec<T, V> out[NumOutputs][U];
     AVO_UNROLL
@@ -88,7 +120,7 @@ __global__ void __launch_bounds__(kMapThreads) map_strided_kernel(const MapArgs<
 template <typename T, int NumInputs, int NumOutputs, typename Math>
 void launch_map_vectorized(const MapArgs<NumInputs, NumOutputs>& args, const Math& math, cudaStream_t stream) {
   constexpr int V = 16 / sizeof(T);
-  const int64_t per_block = int64_t(kMapVectorsPerThread) * kMapThreads;
+  const int64_t per_block = int64_t(MapVectors<T>::kPerThread) * kMapThreads;
   const int64_t blocks = (args.numel / V + per_block - 1) / per_block;
   map_vectorized_kernel<T><<<unsigned(blocks > 0 ? blocks : 1), kMapThreads, 0, stream>>>(args, math);
 }
