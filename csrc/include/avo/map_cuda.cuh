@@ -1,7 +1,8 @@
 // The kernels of every elementwise ("map") op on the GPU; the generated math (Math::apply,
 // Math::missing) is what differs between ops, and the generated launcher picks the kernel.
-// Inputs are loaded through the read-only data cache: the bindings always allocate fresh
-// outputs, so no thread writes memory that any thread of the kernel reads.
+// Inputs are loaded through the read-only data cache, or copied into shared memory with
+// cp.async (the 16-bit vectorized kernels): the bindings always allocate fresh outputs,
+// so no thread writes memory that any thread of the kernel reads.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,9 +18,9 @@ namespace avo {
 // source order (to keep fewer registers live), so a thread has one load in flight while
 // it computes its other vectors. A 16-bit vector holds 8 elements, and with math like
 // gelu's (about 20 instructions an element) the loads then came too slowly: its bf16
-// forward ran at 0.82 of copy on the H200. Copies into shared memory with cp.async
+// forward ran at 0.83 of copy on the H200. Copies into shared memory with cp.async
 // cannot move past the wait that comes before the math, so all of a thread's loads are
-// in flight together (0.91 of copy, two vectors a thread 0.5% ahead of four). A 32-bit
+// in flight together (0.90-0.91 of copy, two vectors a thread 0.5% ahead of four). A 32-bit
 // vector holds 4 elements: staged, the fp32 kernels were 0-3% slower, and they keep
 // registers.
 template <typename T>
