@@ -20,9 +20,9 @@ namespace avo {
 // gelu's (about 20 instructions an element) the loads then came too slowly: its bf16
 // forward ran at 0.83 of copy on the H200. Copies into shared memory with cp.async
 // cannot move past the wait that comes before the math, so all of a thread's loads are
-// in flight together (0.90-0.91 of copy, two vectors a thread 0.5% ahead of four). A 32-bit
-// vector holds 4 elements: staged, the fp32 kernels were 0-3% slower, and they keep
-// registers.
+// in flight together (0.90-0.91 of copy, two vectors a thread 0.5% ahead of four). A
+// 32-bit vector holds 4 elements: staged, the fp32 kernels were 0-3% slower, and they
+// keep registers.
 template <typename T>
 struct MapVectors {
   static constexpr bool kStaged = sizeof(T) == 2;
@@ -44,9 +44,12 @@ __global__ void __launch_bounds__(kMapThreads) map_vectorized_kernel(const MapAr
   const int64_t base = int64_t(blockIdx.x) * (U * kMapThreads) + threadIdx.x;
   if (base < vectors) {
     Vec<T, V> in[NumInputs][U];
-    // Clamped: a thread whose vector u lies past the end re-reads the last vector (and
-    // stores nothing), so the loads need no predicate.
-    auto vector_index = [&](int u) { return base + u * kMapThreads < vectors ? base + u * kMapThreads : vectors - 1; };
+    // Vector u of input k. Clamped: a thread whose vector u lies past the end re-reads
+    // the last vector (and stores nothing), so the loads need no predicate.
+    auto input_vector = [&](int k, int u) {
+      const int64_t v = base + u * kMapThreads < vectors ? base + u * kMapThreads : vectors - 1;
+      return static_cast<const T*>(args.inputs[k]) + v * V;
+    };
     if constexpr (MapVectors<T>::kStaged) {
       // Each thread copies into its own slots and reads back only them: no barrier.
       __shared__ uint4 staged[NumInputs][U][kMapThreads];
@@ -54,8 +57,7 @@ __global__ void __launch_bounds__(kMapThreads) map_vectorized_kernel(const MapAr
       for (int u = 0; u < U; ++u)
         AVO_UNROLL
         for (int k = 0; k < NumInputs; ++k)
-          if (input_present<Math>(args, k))
-            cp_async_16(&staged[k][u][threadIdx.x], static_cast<const T*>(args.inputs[k]) + vector_index(u) * V);
+          if (input_present<Math>(args, k)) cp_async_16(&staged[k][u][threadIdx.x], input_vector(k, u));
       cp_async_commit();
       cp_async_wait<0>();
       AVO_UNROLL
@@ -68,8 +70,7 @@ __global__ void __launch_bounds__(kMapThreads) map_vectorized_kernel(const MapAr
       for (int u = 0; u < U; ++u)
         AVO_UNROLL
         for (int k = 0; k < NumInputs; ++k)
-          if (input_present<Math>(args, k))
-            in[k][u] = load_vec_readonly<V>(static_cast<const T*>(args.inputs[k]) + vector_index(u) * V);
+          if (input_present<Math>(args, k)) in[k][u] = load_vec_readonly<V>(input_vector(k, u));
     }
     Vec<T, V> out[NumOutputs][U];
     AVO_UNROLL
