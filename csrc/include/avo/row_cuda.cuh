@@ -138,22 +138,39 @@ struct Packed<T, V, false> {
   __device__ __forceinline__ float get(int j) const { return Element<T>::to_float(vec.v[j]); }
 };
 
+// Waits for the threads of this thread's group of `group_threads` (a power of two, at
+// least a warp). kBlockBarrier: __syncthreads, every thread of the block waiting (the
+// rows whose group is the block, and the register rows that sum no columns:
+// RegisterRow::kBlockBarrier). Else the group's own named barrier, 1 + its index in the
+// block (0 is __syncthreads'; groups wider than a warp are at most kRowBlockThreads / 64
+// = 4 to a block, of the 16 barriers), so that the groups of a block do not wait for
+// each other.
+template <bool kBlockBarrier>
+__device__ __forceinline__ void group_barrier(int group_threads) {
+  if constexpr (kBlockBarrier) {
+    __syncthreads();
+  } else {
+    const unsigned barrier = 1u + (threadIdx.x >> (__ffs(group_threads) - 1));  // a power of two: no division
+    __barrier_sync_count(barrier, unsigned(group_threads));
+  }
+}
+
 // `value` combined over each group of `group_threads` consecutive threads (a power of
 // two), every thread of the group getting the result: butterfly(value, width) combines it
 // over aligned runs of `width` lanes of a warp (width <= 32) by shuffles; a group wider
 // than a warp then combines its warps' results through shared memory by the same
 // butterfly. Every thread of the block must call it, in the same order: groups wider than
-// a warp synchronise the block.
-template <typename Value, typename Butterfly>
+// a warp synchronise their warps (group_barrier).
+template <bool kBlockBarrier, typename Value, typename Butterfly>
 __device__ __forceinline__ Value group_combine(Value value, int group_threads, Butterfly butterfly) {
   value = butterfly(value, group_threads < 32 ? group_threads : 32);
   if (group_threads <= 32) return value;
   __shared__ Value per_warp[32];
   const int warp = threadIdx.x / 32, warps = group_threads / 32;
   const int first = warp & ~(warps - 1);  // the group's first warp (warps: a power of two)
-  __syncthreads();  // a previous reduction may still be reading per_warp
+  group_barrier<kBlockBarrier>(group_threads);  // a previous reduction may still be reading per_warp
   if (threadIdx.x % 32 == 0) per_warp[warp] = value;
-  __syncthreads();
+  group_barrier<kBlockBarrier>(group_threads);
   // Every warp combines its group's per-warp values by the same butterfly of shuffles, so
   // every thread gets the same value. Read one after the other, 16 values (a group of 512
   // threads) made a chain of 16 dependent shared-memory loads in every thread.
@@ -192,10 +209,11 @@ __device__ __forceinline__ void combine_lanes(float (&values)[K], int width, Com
 }
 
 // Combines `value` over each group of `group_threads` consecutive threads by `combine`
-// (commutative), as group_combine; kUnrolled as in butterfly_offsets.
-template <bool kUnrolled = false, typename Combine>
+// (commutative), as group_combine; kUnrolled as in butterfly_offsets, kBlockBarrier as in
+// group_barrier.
+template <bool kUnrolled = false, bool kBlockBarrier = kUnrolled, typename Combine>
 __device__ __forceinline__ float group_reduce(float value, Combine combine, int group_threads) {
-  return group_combine(value, group_threads, [&](float mine, int width) {
+  return group_combine<kBlockBarrier>(value, group_threads, [&](float mine, int width) {
     butterfly_offsets<kUnrolled>(width, [&](int offset) { mine = combine(mine, __shfl_xor_sync(0xffffffffu, mine, offset)); });
     return mine;
   });
@@ -203,7 +221,7 @@ __device__ __forceinline__ float group_reduce(float value, Combine combine, int 
 
 // K sums over each group of `group_threads` consecutive threads at once (see
 // group_reduce): one exchange across the warps of a group for all K.
-template <int K, bool kUnrolled = false>
+template <int K, bool kUnrolled = false, bool kBlockBarrier = kUnrolled>
 __device__ __forceinline__ void group_sums(float (&values)[K], int group_threads) {
   const auto add = [](float a, float b) { return a + b; };
   combine_lanes<kUnrolled>(values, group_threads < 32 ? group_threads : 32, add);
@@ -211,12 +229,12 @@ __device__ __forceinline__ void group_sums(float (&values)[K], int group_threads
   __shared__ float per_warp[K][32];
   const int warp = threadIdx.x / 32, warps = group_threads / 32;
   const int first = warp & ~(warps - 1);  // the group's first warp (warps: a power of two)
-  __syncthreads();  // a previous reduction may still be reading per_warp
+  group_barrier<kBlockBarrier>(group_threads);  // a previous reduction may still be reading per_warp
   if (threadIdx.x % 32 == 0) {
     AVO_UNROLL
     for (int k = 0; k < K; ++k) per_warp[k][warp] = values[k];
   }
-  __syncthreads();
+  group_barrier<kBlockBarrier>(group_threads);
   // As in group_reduce, a butterfly in every warp; over all 32 lanes, those past the
   // group's warps adding zeros. With a loop of log2(warps) steps, ptxas gave layernorm's
   // fp32 backward 73 registers instead of 64 (three blocks of 256 threads per
@@ -399,9 +417,9 @@ __device__ __forceinline__ Moments shifted_moments(int count, float shift, float
 // combines values. The update is not symmetric in its rounding: each butterfly step takes
 // the lower lane's moments first, so that every thread of the group ends with the same
 // result.
-template <bool kUnrolled = false>
+template <bool kUnrolled = false, bool kBlockBarrier = kUnrolled>
 __device__ __forceinline__ Moments group_moments(Moments value, int group_threads) {
-  return group_combine(value, group_threads, [](Moments mine, int width) {
+  return group_combine<kBlockBarrier>(value, group_threads, [](Moments mine, int width) {
     butterfly_offsets<kUnrolled>(width, [&](int offset) {
       const Moments other = {__shfl_xor_sync(0xffffffffu, mine.count, offset),
                              __shfl_xor_sync(0xffffffffu, mine.mean, offset),
@@ -603,11 +621,16 @@ constexpr int kMaxGroupThreads = Math::kColumnSums > 0 || (Math::kElementInputs 
 // threads (64 registers a thread) where the threads keep no per-column sums, so that one
 // block's loads overlap the other's reductions. Left free, ptxas gave the fp32 forwards of
 // add_layernorm and add_rmsnorm 82-97 registers (one block); capped, they need 64 and
-// spill nothing. The backwards' column sums do not fit 64 registers (they would spill).
+// spill nothing. Most backwards' column sums do not fit 64 registers (they would spill).
 // 0 sets no minimum: an explicit 1 is not the same as none, it let ptxas take up to 90
 // registers for rmsnorm's backward (60 without it), one block where there were two.
-template <typename Math>
-constexpr int kRowBlocksPerSM = kMaxGroupThreads<Math> <= 512 && Math::kColumnSums == 0 ? 2 : 0;
+// An unpipelined kernel with one per-column sum (rmsnorm's and add_rmsnorm's backwards)
+// fits 64 registers too: with the named barriers of group_barrier, ptxas gave
+// add_rmsnorm's 16-bit one 88 registers where it had taken 64 (two blocks of 256
+// threads a multiprocessor instead of four).
+template <typename Math, bool kPipelined = false>
+constexpr int kRowBlocksPerSM =
+    kMaxGroupThreads<Math> <= 512 && (Math::kColumnSums == 0 || (Math::kColumnSums == 1 && !kPipelined)) ? 2 : 0;
 // The same for a cluster row, also where it keeps per-column sums: two or fewer in fp32
 // rows (16 registers), one in 16-bit rows (the same 16). ptxas gave add_layernorm's fp32
 // backward 91 registers (one block) once its sums went from three to two, where it had
@@ -645,6 +668,12 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
   // row keeps them always (add_rmsnorm's backward at N = 16384: 4-9% faster).
   static constexpr int kStateWords = kSums * P * V + kElementInputCount<Math> * P * int(sizeof(Cached) / 4);
   static constexpr bool kKeepsColumns = Math::kColumnSums > 0 && (kClustered || kStateWords >= 48);
+  // A group of a backward's register row (per-column sums) waits only for its own warps
+  // in a reduction (group_barrier): on the H200 the 16-bit backwards at N = 1024 (groups
+  // of 64 threads, four to a block) ran 8-19% faster than with __syncthreads. The other
+  // register rows keep the block's barrier: with named ones softmax's 16-bit forward at
+  // 16384x4096 (groups of 128 threads) lost 4-5%.
+  static constexpr bool kBlockBarrier = Math::kColumnSums == 0;
 
   // This thread's vectors of every per-element input of a row (zero where it has none),
   // and the row's values of the per-row inputs the forward saved (Math::kSavedInputs).
@@ -795,7 +824,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
       cluster_combine(value, combine, *exchanges);
       return value[0];
     }
-    return group_reduce(partial, combine, group_threads);
+    return group_reduce<false, kBlockBarrier>(partial, combine, group_threads);
   }
 
   template <unsigned M, int K, typename F>
@@ -815,7 +844,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
       group_sums<K, true>(out, int(blockDim.x));
       cluster_combine(out, Plus{}, *exchanges);
     } else {
-      group_sums(out, group_threads);
+      group_sums<K, false, kBlockBarrier>(out, group_threads);
     }
   }
 
@@ -1401,7 +1430,7 @@ __device__ __forceinline__ void pipelined_rows(const Args& args, int64_t count, 
 // chunk c and keeps its columns' sums in registers until the chunk is done. kPipelined
 // (only where kCanPipeline<Math>): see pipelined_rows.
 template <typename T, typename Args, typename Math, int V, bool kPipelined>
-__global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math>) register_row_kernel(const Args args, const Math math,
+__global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math, kPipelined>) register_row_kernel(const Args args, const Math math,
                                                                         int group_threads) {
   using Row = RegisterRow<T, Args, Math, V>;
   // group_threads is a power of two: shifts and a mask, not integer divisions.
