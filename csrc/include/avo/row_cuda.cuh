@@ -631,19 +631,16 @@ constexpr int kMaxGroupThreads = Math::kColumnSums > 0 || (Math::kElementInputs 
 template <typename Math, bool kPipelined = false>
 constexpr int kRowBlocksPerSM =
     kMaxGroupThreads<Math> <= 512 && (Math::kColumnSums == 0 || (Math::kColumnSums == 1 && !kPipelined)) ? 2 : 0;
-// The same for a cluster row, also where it keeps per-column sums: two or fewer in fp32
-// rows (16 registers), one in 16-bit rows (the same 16). ptxas gave add_layernorm's fp32
-// backward 91 registers (one block) once its sums went from three to two, where it had
-// taken 64, and it lost 21% at 2048x16384; add_rmsnorm's 16-bit backward 77-83 (one
-// block; capped: 64, a 16-byte spill in fp16), and on the H200 the cap made it 1.23x
-// faster at 4096x16384 and 1.21x at 2048x32768. Two 16-bit sums take 32 registers:
-// capped, those kernels would spill much more.
+// The same for a cluster row, also where its per-column sums take 16 registers or fewer
+// (sums * kRowVectors * V floats: two sums in fp32 rows, one in 16-bit rows). ptxas gave
+// add_layernorm's fp32 backward 91 registers (one block) once its sums went from three to
+// two, where it had taken 64, and it lost 21% at 2048x16384; add_rmsnorm's 16-bit
+// backward 77-83 (one block; capped: 64, a 16-byte spill in fp16), and on the H200 the
+// cap made it 1.23x faster at 4096x16384 and 1.21x at 2048x32768. Two 16-bit sums take
+// 32 registers: capped, those kernels would spill much more.
 template <typename T, typename Math>
 constexpr int kClusterBlocksPerSM =
-    kMaxGroupThreads<Math> <= 512 &&
-            (Math::kColumnSums == 0 || (sizeof(T) == 4 && Math::kColumnSums <= 2) || Math::kColumnSums == 1)
-        ? 2
-        : 0;
+    kMaxGroupThreads<Math> <= 512 && Math::kColumnSums * kRowVectors<Math> * int(16 / sizeof(T)) <= 16 ? 2 : 0;
 
 // A row held in registers by a group of threads (see the top of this file); with
 // kClustered the group is every thread of a thread-block cluster.
