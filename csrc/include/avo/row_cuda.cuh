@@ -12,7 +12,8 @@
 //    kRowBlockThreads). Pipelined (from a measured length on, where the kernel has the
 //    registers: kCanPipeline), a group loads its next row before it computes the
 //    current one, on a grid of resident blocks (with per-column sums, the next row of
-//    its chunk); unpipelined, the grid covers the rows.
+//    its chunk); unpipelined, the grid covers the rows (a lean row's kernel with fewer
+//    registers: kLeanRow).
 //  - StagedRow, for longer aligned rows that fit in shared memory: a block takes a row;
 //    its per-element inputs are copied into shared memory with cp.async, kStages rows
 //    at a time, so that the next rows arrive while the block computes the current one.
@@ -1427,8 +1428,7 @@ __device__ __forceinline__ void pipelined_rows(const Args& args, int64_t count, 
 // chunk c and keeps its columns' sums in registers until the chunk is done. kPipelined
 // (only where kCanPipeline<Math>): see pipelined_rows.
 template <typename T, typename Args, typename Math, int V, bool kPipelined>
-__global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math, kPipelined>) register_row_kernel(const Args args, const Math math,
-                                                                        int group_threads) {
+__device__ __forceinline__ void register_rows(const Args& args, const Math& math, int group_threads) {
   using Row = RegisterRow<T, Args, Math, V>;
   // group_threads is a power of two: shifts and a mask, not integer divisions.
   const int shift = __ffs(group_threads) - 1;
@@ -1478,6 +1478,42 @@ __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math, 
     }
   }
   if (has_chunk) write_partials<Math, Args, Row::P, V>(args, kept.sums, chunk, group_threads, lane);
+}
+
+template <typename T, typename Args, typename Math, int V, bool kPipelined>
+__global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math, kPipelined>)
+    register_row_kernel(const Args args, const Math math, int group_threads) {
+  register_rows<T, Args, Math, V, kPipelined>(args, math, group_threads);
+}
+
+// A lean row: one per-element input and nothing else a thread keeps (no per-column inputs,
+// sums or kept values), as softmax's, log_softmax's and channel_norm's (without swish)
+// forwards. Unpipelined, its kernel (lean_row_kernel) takes at most kLeanRowRegisters
+// registers, so that three blocks of 512 threads share a multiprocessor instead of two:
+// in a row of 16384 16-bit elements a group is a block of 512 threads, whose reductions
+// stop all its warps at the block's barriers, and the third block's loads fill that time.
+// On the H200 ptxas had given softmax's 16-bit forward 46 registers: bounded to 40 (no
+// spill) it ran 4096x16384 in 71 us instead of 79 (77.6 pipelined); channel_norm's 41 to
+// 40, 72 us instead of 77. log_softmax's took 35 already, and ran at 0.90 of copy there.
+// Bounded to 40, kernels that keep more spilled and lost (layernorm's forward 3-14%,
+// softmax's backward 30%): they keep __launch_bounds__.
+template <typename Math>
+constexpr bool kLeanRow =
+    kElementInputCount<Math> == 1 && Math::kColumnInputs == 0 && Math::kColumnSums == 0 && Math::kKeptValues == 0;
+constexpr int kLeanRowRegisters = 40;
+
+// __maxnreg__ (nvcc 12.4 on) cannot be given with __launch_bounds__; older compilers get
+// the bounds of register_row_kernel instead.
+#if defined(__CUDACC_VER_MAJOR__) && (__CUDACC_VER_MAJOR__ > 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ >= 4))
+#define AVO_LEAN_ROW_BOUNDS __maxnreg__(kLeanRowRegisters)
+#else
+#define AVO_LEAN_ROW_BOUNDS __launch_bounds__(1024)
+#endif
+
+template <typename T, typename Args, typename Math, int V>
+__global__ void AVO_LEAN_ROW_BOUNDS lean_row_kernel(const Args args, const Math math, int group_threads) {
+  static_assert(kLeanRow<Math>, "only a lean row fits kLeanRowRegisters");
+  register_rows<T, Args, Math, V, false>(args, math, group_threads);
 }
 
 // A row over the blocks of a thread-block cluster: block `rank` of the cluster holds the
@@ -2065,9 +2101,16 @@ void launch_row_op(const Args& args, const Math& math, const RowTuning (&tuning)
       const int block = group < kRowBlockThreads ? kRowBlockThreads : group;
       const int groups = block / group;
       // Where Math cannot be pipelined both names are the same kernel.
-      const auto kernel = !vectorized ? register_row_kernel<T, Args, Math, 1, false>
-                          : version == RowVersion::kPipelined ? register_row_kernel<T, Args, Math, V, kCanPipeline<Math>>
-                                                              : register_row_kernel<T, Args, Math, V, false>;
+      const auto kernel = [&] {
+        if constexpr (kLeanRow<Math>)
+          return !vectorized ? lean_row_kernel<T, Args, Math, 1>
+                 : version == RowVersion::kPipelined ? register_row_kernel<T, Args, Math, V, kCanPipeline<Math>>
+                                                     : lean_row_kernel<T, Args, Math, V>;
+        else
+          return !vectorized ? register_row_kernel<T, Args, Math, 1, false>
+                 : version == RowVersion::kPipelined ? register_row_kernel<T, Args, Math, V, kCanPipeline<Math>>
+                                                     : register_row_kernel<T, Args, Math, V, false>;
+      }();
       // A pipelined kernel needs a resident grid (each group loops over its rows, the next
       // one loading); without pipelining a block takes one row per group and the hardware
       // starts the next block as one leaves. On the H200 that ran rmsnorm's 16-bit forward
