@@ -20,7 +20,7 @@ namespace avo::ops::rmsnorm {
 //   | kernel   | GPU                 | from      |  float16 | bfloat16 |  float32 |
 //   | forward  | sm_90 (NVIDIA H200) | staged    |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200) | global    |    never |    never |    never |
-//   | forward  | sm_90 (NVIDIA H200) | pipelined |     4096 |     4096 |     4096 |
+//   | forward  | sm_90 (NVIDIA H200) | pipelined |     4096 |     4096 |    never |
 //   | forward  | sm_90 (NVIDIA H200) | tiled     |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200) | cluster   |    never |    never |    never |
 //   | forward  | any other GPU       | staged    |    never |    never |    never |
@@ -31,7 +31,7 @@ namespace avo::ops::rmsnorm {
 //   | backward | sm_90 (NVIDIA H200) | staged    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | global    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | pipelined |       32 |       32 |    never |
-//   | backward | sm_90 (NVIDIA H200) | tiled     |    16384 |     4096 |    32768 |
+//   | backward | sm_90 (NVIDIA H200) | tiled     |    16384 |    16384 |    32768 |
 //   | backward | sm_90 (NVIDIA H200) | cluster   |      512 |      512 |     2048 |
 //   | backward | any other GPU       | staged    |    never |    never |    never |
 //   | backward | any other GPU       | global    |    never |    never |    never |
@@ -39,11 +39,11 @@ namespace avo::ops::rmsnorm {
 //   | backward | any other GPU       | tiled     |    never |    never |    never |
 //   | backward | any other GPU       | cluster   |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, avo::kNever}, {16384, 4096, 32768}, {512, 512, 2048}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, avo::kNever}, {16384, 16384, 32768}, {512, 512, 2048}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 
