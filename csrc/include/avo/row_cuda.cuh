@@ -1480,6 +1480,7 @@ __device__ __forceinline__ void register_rows(const Args& args, const Math& math
   if (has_chunk) write_partials<Math, Args, Row::P, V>(args, kept.sums, chunk, group_threads, lane);
 }
 
+// The kernel of register_rows, except for the unpipelined lean rows (lean_row_kernel).
 template <typename T, typename Args, typename Math, int V, bool kPipelined>
 __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math, kPipelined>)
     register_row_kernel(const Args args, const Math math, int group_threads) {
@@ -1495,7 +1496,7 @@ __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math, 
 // On the H200 ptxas had given softmax's 16-bit forward 46 registers: bounded to 40 (no
 // spill) it ran 4096x16384 in 71 us instead of 79 (77.6 pipelined); channel_norm's 41 to
 // 40, 72 us instead of 77. log_softmax's took 35 already, and ran at 0.90 of copy there.
-// Bounded to 40, kernels that keep more spilled and lost (layernorm's forward 3-14%,
+// Bounded to 40, kernels that keep more spilled and lost (layernorm's forward up to 14%,
 // softmax's backward 30%): they keep __launch_bounds__.
 template <typename Math>
 constexpr bool kLeanRow =
@@ -1503,7 +1504,7 @@ constexpr bool kLeanRow =
 constexpr int kLeanRowRegisters = 40;
 
 // __maxnreg__ (nvcc 12.4 on) cannot be given with __launch_bounds__; older compilers get
-// the bounds of register_row_kernel instead.
+// __launch_bounds__(1024), the bounds register_row_kernel has for a lean row.
 #if defined(__CUDACC_VER_MAJOR__) && (__CUDACC_VER_MAJOR__ > 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ >= 4))
 #define AVO_LEAN_ROW_BOUNDS __maxnreg__(kLeanRowRegisters)
 #else
