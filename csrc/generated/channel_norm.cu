@@ -20,9 +20,9 @@ namespace avo::ops::channel_norm {
 //   | kernel   | GPU                 | from      |  float16 | bfloat16 |  float32 |
 //   | forward  | sm_90 (NVIDIA H200) | staged    |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200) | global    |    never |    never |    never |
-//   | forward  | sm_90 (NVIDIA H200) | pipelined |     4096 |     4096 |     4096 |
+//   | forward  | sm_90 (NVIDIA H200) | pipelined |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200) | tiled     |    never |    never |    never |
-//   | forward  | sm_90 (NVIDIA H200) | cluster   |     4096 |    never |     4096 |
+//   | forward  | sm_90 (NVIDIA H200) | cluster   |    never |    never |    never |
 //   | forward  | any other GPU       | staged    |    never |    never |    never |
 //   | forward  | any other GPU       | global    |    never |    never |    never |
 //   | forward  | any other GPU       | pipelined |    never |    never |    never |
@@ -39,7 +39,7 @@ namespace avo::ops::channel_norm {
 //   | backward | any other GPU       | tiled     |    never |    never |    never |
 //   | backward | any other GPU       | cluster   |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {4096, avo::kNever, 4096}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
