@@ -1426,7 +1426,8 @@ __device__ __forceinline__ void pipelined_rows(const Args& args, int64_t count, 
 
 // Groups of `group_threads` take rows; with per-column sums, group c of the grid takes
 // chunk c and keeps its columns' sums in registers until the chunk is done. kPipelined
-// (only where kCanPipeline<Math>): see pipelined_rows.
+// (only where kCanPipeline<Math>): see pipelined_rows. kVectors: the vectors a thread
+// holds (RegisterRow's P; twice kRowVectors in a wide row, see kWideRow).
 template <typename T, typename Args, typename Math, int V, bool kPipelined, int kVectors = kRowVectors<Math>>
 __device__ __forceinline__ void register_rows(const Args& args, const Math& math, int group_threads) {
   using Row = RegisterRow<T, Args, Math, V, false, kVectors>;
@@ -1480,7 +1481,8 @@ __device__ __forceinline__ void register_rows(const Args& args, const Math& math
   if (has_chunk) write_partials<Math, Args, Row::P, V>(args, kept.sums, chunk, group_threads, lane);
 }
 
-// The kernel of register_rows, except for the unpipelined lean rows (lean_row_kernel).
+// The kernel of register_rows, except for the unpipelined lean and wide rows
+// (lean_row_kernel, wide_row_kernel).
 template <typename T, typename Args, typename Math, int V, bool kPipelined>
 __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math, kPipelined>)
     register_row_kernel(const Args args, const Math math, int group_threads) {
