@@ -1489,9 +1489,32 @@ __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math, 
   register_rows<T, Args, Math, V, kPipelined>(args, math, group_threads);
 }
 
-// A lean row: one per-element input and nothing else a thread keeps (no per-column inputs,
-// sums or kept values), as softmax's, log_softmax's and channel_norm's (without swish)
-// forwards. Unpipelined, its kernel (lean_row_kernel) takes at most kLeanRowRegisters
+// A wide row: an unpipelined register row of more than kRowVectors * kWideRowThreads
+// vectors whose math keeps one per-element input and no per-column sums or kept values
+// (the forwards of layernorm, rmsnorm, softmax, log_softmax and channel_norm without
+// swish). A group of kWideRowThreads threads takes it, each thread holding
+// kWideRowVectors, twice kRowVectors (wide_row_kernel), instead of a block of 1024 threads holding
+// kRowVectors: two blocks then share a multiprocessor, one loading while the other
+// reduces, and a reduction waits for 16 warps instead of 32. On the H200 the fp32
+// forwards at 4096x16384 ran in 132-137 us where the block of 1024 threads, pipelined (the
+// faster of its two kernels), took 144-148 (channel_norm's 132 against 148); rows of 32768
+// in 16 bits in 71-76 us against 76-80 (the faster of the pipelined and cluster
+// versions). A thread's 8 vectors take 32 registers: the kernels fit 64 without spilling.
+template <typename Math>
+constexpr bool kWideRow = kElementInputCount<Math> == 1 && Math::kColumnSums == 0 && Math::kKeptValues == 0;
+constexpr int kWideRowThreads = 512;
+template <typename Math>
+constexpr int kWideRowVectors = 2 * kRowVectors<Math>;
+
+template <typename T, typename Args, typename Math, int V>
+__global__ void __launch_bounds__(kWideRowThreads, 2) wide_row_kernel(const Args args, const Math math, int group_threads) {
+  static_assert(kWideRow<Math>, "only a wide row fits two blocks of kWideRowThreads");
+  register_rows<T, Args, Math, V, false, kWideRowVectors<Math>>(args, math, group_threads);
+}
+
+// A lean row: a wide-row math (one per-element input, no per-column sums or kept values)
+// without per-column inputs either, as softmax's, log_softmax's and channel_norm's
+// (without swish) forwards. Unpipelined, its kernel (lean_row_kernel) takes at most kLeanRowRegisters
 // registers, so that three blocks of 512 threads share a multiprocessor instead of two:
 // in a row of 16384 16-bit elements a group is a block of 512 threads, whose reductions
 // stop all its warps at the block's barriers, and the third block's loads fill that time.
@@ -1501,8 +1524,7 @@ __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math, 
 // Bounded to 40, kernels that keep more spilled and lost (layernorm's forward up to 14%,
 // softmax's backward 30%): they keep __launch_bounds__.
 template <typename Math>
-constexpr bool kLeanRow =
-    kElementInputCount<Math> == 1 && Math::kColumnInputs == 0 && Math::kColumnSums == 0 && Math::kKeptValues == 0;
+constexpr bool kLeanRow = kWideRow<Math> && Math::kColumnInputs == 0;
 constexpr int kLeanRowRegisters = 40;
 
 // __maxnreg__ (nvcc 12.4 on) cannot be given with __launch_bounds__; older compilers get
@@ -1517,27 +1539,6 @@ template <typename T, typename Args, typename Math, int V>
 __global__ void AVO_LEAN_ROW_BOUNDS lean_row_kernel(const Args args, const Math math, int group_threads) {
   static_assert(kLeanRow<Math>, "only a lean row fits kLeanRowRegisters");
   register_rows<T, Args, Math, V, false>(args, math, group_threads);
-}
-
-// A wide row: an unpipelined register row of more than kRowVectors * kWideRowThreads
-// vectors whose math keeps one per-element input and no per-column sums or kept values
-// (the forwards of layernorm, rmsnorm, softmax, log_softmax and channel_norm without
-// swish). A group of kWideRowThreads threads takes it, each thread holding twice
-// kRowVectors vectors (wide_row_kernel), instead of a block of 1024 threads holding
-// kRowVectors: two blocks then share a multiprocessor, one loading while the other
-// reduces, and a reduction waits for 16 warps instead of 32. On the H200 the fp32
-// forwards at 4096x16384 ran in 132-137 us where the block of 1024 threads, pipelined (the
-// faster of its two kernels), took 144-148 (channel_norm's 132 against 148); rows of 32768
-// in 16 bits in 71-76 us against 76-80 (the faster of the pipelined and cluster
-// versions). A thread's 8 vectors take 32 registers: the kernels fit 64 without spilling.
-template <typename Math>
-constexpr bool kWideRow = kElementInputCount<Math> == 1 && Math::kColumnSums == 0 && Math::kKeptValues == 0;
-constexpr int kWideRowThreads = 512;
-
-template <typename T, typename Args, typename Math, int V>
-__global__ void __launch_bounds__(kWideRowThreads, 2) wide_row_kernel(const Args args, const Math math, int group_threads) {
-  static_assert(kWideRow<Math>, "only a wide row fits two blocks of kWideRowThreads");
-  register_rows<T, Args, Math, V, false, 2 * kRowVectors<Math>>(args, math, group_threads);
 }
 
 // A row over the blocks of a thread-block cluster: block `rank` of the cluster holds the
@@ -2123,21 +2124,18 @@ void launch_row_op(const Args& args, const Math& math, const RowTuning (&tuning)
     case RowVersion::kPipelined: {
       const bool wide = kWideRow<Math> && vectorized && version == RowVersion::kRegister &&
                         vectors > int64_t(kRowVectors<Math>) * kWideRowThreads;
-      const int group = threads_for(vectors, wide ? 2 * kRowVectors<Math> : kRowVectors<Math>);
+      const int group = threads_for(vectors, wide ? kWideRowVectors<Math> : kRowVectors<Math>);
       const int block = group < kRowBlockThreads ? kRowBlockThreads : group;
       const int groups = block / group;
       // Where Math cannot be pipelined both names are the same kernel.
       const auto kernel = [&] {
+        if (vectorized && version == RowVersion::kPipelined) return register_row_kernel<T, Args, Math, V, kCanPipeline<Math>>;
         if constexpr (kWideRow<Math>)
           if (wide) return wide_row_kernel<T, Args, Math, V>;
         if constexpr (kLeanRow<Math>)
-          return !vectorized ? lean_row_kernel<T, Args, Math, 1>
-                 : version == RowVersion::kPipelined ? register_row_kernel<T, Args, Math, V, kCanPipeline<Math>>
-                                                     : lean_row_kernel<T, Args, Math, V>;
+          return vectorized ? lean_row_kernel<T, Args, Math, V> : lean_row_kernel<T, Args, Math, 1>;
         else
-          return !vectorized ? register_row_kernel<T, Args, Math, 1, false>
-                 : version == RowVersion::kPipelined ? register_row_kernel<T, Args, Math, V, kCanPipeline<Math>>
-                                                     : register_row_kernel<T, Args, Math, V, false>;
+          return vectorized ? register_row_kernel<T, Args, Math, V, false> : register_row_kernel<T, Args, Math, 1, false>;
       }();
       // A pipelined kernel needs a resident grid (each group loops over its rows, the next
       // one loading); without pipelining a block takes one row per group and the hardware
