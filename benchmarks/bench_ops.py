@@ -595,7 +595,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--no-liger", action="store_true", help="skip Liger-Kernel")
     p.add_argument("--no-avo", action="store_true",
                    help="benchmark only the baselines (no avo_ops needed)")
-    p.add_argument("--row-version", choices=["auto", "register", "pipelined", "staged", "cluster", "global", "tiled"], default="auto",
+    p.add_argument("--row-version", choices=["auto", "register", "pipelined", "wide", "staged", "cluster", "global", "tiled"], default="auto",
                    help="run every row op on this CUDA kernel version where the call can take it "
                         "(default: auto, the dispatch table's choice)")
     p.add_argument("--out", metavar="DIR",

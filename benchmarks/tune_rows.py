@@ -9,27 +9,31 @@ For every row op (the ops of csrc/include/avo/row_cuda.cuh), kernel (forward, ba
 dtype (float16, bfloat16, float32) and row length N (powers of two from 256 to 262144, as
 many rows as fit in --elements elements), it times torch.ops.avo.<op>[_backward] with
 every call forced onto each version in turn: register, pipelined (the register version
-loading the next row ahead), staged, cluster, global, and for backwards tiled
+loading the next row ahead), wide (the register version on wide rows: groups of 512
+threads holding twice the vectors), staged, cluster, global, and for backwards tiled
 (avo_ops._C.set_row_version). A call that cannot take the forced version (the row does
 not fit it) takes the table's choice; avo_ops._C.last_row_version tells, and such a run
 is not recorded as that version's time. Timing is bench_ops.py's: CUDA events, median of
 --reps calls, inputs rotated beyond L2.
 
-Five thresholds per (op, kernel, dtype), in 16-byte vectors, each the shortest row from
+Six thresholds per (op, kernel, dtype), in 16-byte vectors, each the shortest row from
 which a version is faster by more than --margin at that length and no slower by more than
 --tolerance at every longer one where another version was timed; null (never) when there
 is none. The tolerance is wider than the margin because two runs of one kernel differed by
 up to 1.7% on the H200. Each version is compared with the fastest of those the dispatch
 would otherwise take (pick_row_version in csrc/include/avo/row_cuda.cuh tries tiled,
-global, cluster, staged, then register or pipelined):
-  - staged_min_vectors: staged against register and pipelined, over N up to 32768
-    (beyond, neither fits);
-  - global_min_vectors: global against register, pipelined, staged and cluster;
+global, cluster, staged, then wide, pipelined or register):
+  - staged_min_vectors: staged against register, pipelined and wide, over N up to 32768
+    (beyond, none of them fits);
+  - global_min_vectors: global against register, pipelined, wide, staged and cluster;
   - pipelined_min_vectors: pipelined against register, over N up to 32768;
-  - tiled_min_vectors: tiled against register, pipelined, staged, cluster and global;
-  - cluster_min_vectors: cluster against register, pipelined and staged, over N up to
-    32768 (beyond, only the cluster and global versions fit, and the global table
-    decides).
+  - tiled_min_vectors: tiled against register, pipelined, wide, staged, cluster and
+    global;
+  - cluster_min_vectors: cluster against register, pipelined, wide and staged, over N up
+    to 32768 (beyond, only the cluster and global versions fit, and the global table
+    decides);
+  - wide_min_vectors: wide against register and pipelined, over N up to 32768 (rows that
+    only the wide version holds in registers take it without a threshold).
 Forwards are not timed tiled: the tiled version takes only backwards with per-column
 sums. A run that took another version (a backward of two per-element inputs of four
 vectors a thread cannot pipeline) is dropped because, kept, it would time the table's
@@ -72,19 +76,20 @@ ROLES = {"fwd": "forward", "bwd": "backward"}
 DIRECTIONS = {role: direction for direction, role in ROLES.items()}
 DEFAULT_LENGTHS = [256 << i for i in range(11)]  # 256 ... 262144
 STAGED_MAX_LENGTH = 32768  # the longest row of one input the staged version holds (bf16/fp16)
-VERSIONS = ("register", "pipelined", "staged", "cluster", "global", "tiled")
+VERSIONS = ("register", "pipelined", "wide", "staged", "cluster", "global", "tiled")
 # The versions each table compares: the last one against the fastest of the others that
 # a measurement has (forwards have no tiled time, some backwards no pipelined one).
-TABLE_VERSIONS = {"staged_min_vectors": ("register", "pipelined", "staged"),
-                  "global_min_vectors": ("register", "pipelined", "staged", "cluster", "global"),
+TABLE_VERSIONS = {"staged_min_vectors": ("register", "pipelined", "wide", "staged"),
+                  "global_min_vectors": ("register", "pipelined", "wide", "staged", "cluster", "global"),
                   "pipelined_min_vectors": ("register", "pipelined"),
-                  "tiled_min_vectors": ("register", "pipelined", "staged", "cluster", "global", "tiled"),
-                  "cluster_min_vectors": ("register", "pipelined", "staged", "cluster")}
+                  "tiled_min_vectors": ("register", "pipelined", "wide", "staged", "cluster", "global", "tiled"),
+                  "cluster_min_vectors": ("register", "pipelined", "wide", "staged", "cluster"),
+                  "wide_min_vectors": ("register", "pipelined", "wide")}
 # The versions a direction is not timed on: forwards never tile.
 UNTIMED = {"fwd": ("tiled",), "bwd": ()}
 # The tables compared on rows of up to STAGED_MAX_LENGTH only: beyond, only the last
 # version of the table (or none of them) fits.
-SHORT_ROW_TABLES = ("staged_min_vectors", "pipelined_min_vectors", "cluster_min_vectors")
+SHORT_ROW_TABLES = ("staged_min_vectors", "pipelined_min_vectors", "cluster_min_vectors", "wide_min_vectors")
 
 
 def time_version(avo_ops, case, shape, dtype, version: str, timer: bench_ops.Timer) -> float | None:

@@ -24,12 +24,14 @@ const struct {
 } kVersions[] = {{"auto", avo::RowVersion::kAuto},
                  {"register", avo::RowVersion::kRegister},
                  {"pipelined", avo::RowVersion::kPipelined},
+                 {"wide", avo::RowVersion::kWide},
                  {"staged", avo::RowVersion::kStaged},
                  {"cluster", avo::RowVersion::kCluster},
                  {"global", avo::RowVersion::kGlobal},
                  {"tiled", avo::RowVersion::kTiled}};
 
-// set_row_version(name): "auto", "register", "pipelined", "staged", "cluster", "global" or "tiled".
+// set_row_version(name): "auto", "register", "pipelined", "wide", "staged", "cluster", "global" or
+// "tiled".
 PyObject* set_row_version(PyObject*, PyObject* arg) {
   const char* name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : nullptr;
   if (name == nullptr) {
@@ -43,7 +45,7 @@ PyObject* set_row_version(PyObject*, PyObject* arg) {
     }
   }
   PyErr_Format(PyExc_ValueError,
-               "set_row_version: unknown version '%s'; expected 'auto', 'register', 'pipelined', 'staged', 'cluster', 'global' or 'tiled'",
+               "set_row_version: unknown version '%s'; expected 'auto', 'register', 'pipelined', 'wide', 'staged', 'cluster', 'global' or 'tiled'",
                name);
   return nullptr;
 }
@@ -59,7 +61,7 @@ PyObject* last_row_version(PyObject*, PyObject*) {
 PyMethodDef methods[] = {
     {"built_with_cuda", built_with_cuda, METH_NOARGS, "True when the extension has CUDA kernels."},
     {"set_row_version", set_row_version, METH_O,
-     "Makes every CUDA row-op call take one kernel version ('register', 'pipelined', 'staged', 'cluster', "
+     "Makes every CUDA row-op call take one kernel version ('register', 'pipelined', 'wide', 'staged', 'cluster', "
      "'global', 'tiled') where it can, or the dispatch table's choice ('auto'). For tests and benchmarks."},
     {"last_row_version", last_row_version, METH_NOARGS,
      "The version the last CUDA row-op call took ('auto' before any). For tests and benchmarks."},

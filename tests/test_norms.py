@@ -387,7 +387,7 @@ def check_large_offset(op, tensors, dtype, offset):
 # the first value of many threads (the shift of their partial moments) lies far from the
 # row's mean, and each thread's squared deviations are large beside the variance.
 @needs_cuda
-@pytest.mark.parametrize("row_version", ["register", "pipelined", "staged", "cluster", "global", "auto"],
+@pytest.mark.parametrize("row_version", ["register", "pipelined", "wide", "staged", "cluster", "global", "auto"],
                          indirect=True)
 @pytest.mark.parametrize("length", [1000, 4096, 65536], ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
@@ -404,7 +404,7 @@ def test_large_offset_on_every_kernel_version(name, dtype, length, row_version):
 # rising steadily, a row with a NaN, a row with +inf and a row of -inf only (NaN, as torch
 # gives them).
 @needs_cuda
-@pytest.mark.parametrize("row_version", ["register", "pipelined", "staged", "cluster", "global", "auto"],
+@pytest.mark.parametrize("row_version", ["register", "pipelined", "wide", "staged", "cluster", "global", "auto"],
                          indirect=True)
 @pytest.mark.parametrize("length", [1000, 4096, 65536], ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
@@ -725,7 +725,7 @@ def row_version(request):
 
 
 @needs_cuda
-@pytest.mark.parametrize("row_version", ["register", "pipelined", "staged", "cluster", "global", "tiled", "auto"],
+@pytest.mark.parametrize("row_version", ["register", "pipelined", "wide", "staged", "cluster", "global", "tiled", "auto"],
                          indirect=True)
 @pytest.mark.parametrize("shape", VERSION_SHAPES, ids=str)
 @pytest.mark.parametrize("name", ALL)

@@ -42,8 +42,9 @@ def test_without_tuning_files_every_gpu_gets_the_default(tmp_path):
     assert "//   | forward  | any other GPU | pipelined |    never |    never |    never |" in cu
     assert "//   | backward | any other GPU | tiled     |    never |    never |    never |" in cu
     assert "//   | backward | any other GPU | cluster   |    never |    never |    never |" in cu
+    assert "//   | forward  | any other GPU | wide      |    never |    never |    never |" in cu
     never = "{avo::kNever, avo::kNever, avo::kNever}"
-    assert f"{{0, {never}, {never}, {never}, {never}, {never}}}," in cu
+    assert f"{{0, {never}, {never}, {never}, {never}, {never}, {never}}}," in cu
     assert "(args, ForwardMath{}, kForwardTuning, stream)" in cu and "kBackwardTuning, stream)" in cu
 
 
@@ -54,7 +55,8 @@ def test_a_tuning_file_sets_the_thresholds_of_its_arch(tmp_path):
               "global_min_vectors": {"softmax": {"forward": {"float32": 4096}}},
               "pipelined_min_vectors": {"softmax": {"forward": {"bfloat16": 256}}},
               "tiled_min_vectors": {"softmax": {"backward": {"float16": 2048}}},
-              "cluster_min_vectors": {"softmax": {"backward": {"bfloat16": 1024}}}}
+              "cluster_min_vectors": {"softmax": {"backward": {"bfloat16": 1024}}},
+              "wide_min_vectors": {"softmax": {"forward": {"float32": 2048}}}}
     cu = _softmax_cu(_tree(tmp_path, tuning))
     assert "//   | forward  | sm_90 (NVIDIA H200) | staged    |      512 |    never |     2048 |" in cu
     assert "//   | forward  | sm_90 (NVIDIA H200) | global    |    never |    never |     4096 |" in cu
@@ -65,25 +67,28 @@ def test_a_tuning_file_sets_the_thresholds_of_its_arch(tmp_path):
     assert "//   | backward | sm_90 (NVIDIA H200) | tiled     |     2048 |    never |    never |" in cu
     assert "//   | backward | sm_90 (NVIDIA H200) | cluster   |    never |     1024 |    never |" in cu
     assert "//   | forward  | sm_90 (NVIDIA H200) | cluster   |    never |    never |    never |" in cu
+    assert "//   | forward  | sm_90 (NVIDIA H200) | wide      |    never |    never |     2048 |" in cu
+    assert "//   | backward | sm_90 (NVIDIA H200) | wide      |    never |    never |    never |" in cu
     forward = cu[cu.index("kForwardTuning[] = {"):]
     never = "{avo::kNever, avo::kNever, avo::kNever}"
     assert forward.splitlines()[1].strip() == (
         "{90, {512, avo::kNever, 2048}, {avo::kNever, avo::kNever, 4096}, {avo::kNever, 256, avo::kNever}, "
-        f"{never}, {never}}},")
-    assert forward.splitlines()[2].strip() == f"{{0, {never}, {never}, {never}, {never}, {never}}},"
+        f"{never}, {never}, " + "{avo::kNever, avo::kNever, 2048}},")
+    assert forward.splitlines()[2].strip() == f"{{0, {never}, {never}, {never}, {never}, {never}, {never}}},"
     backward = cu[cu.index("kBackwardTuning[] = {"):]
     assert backward.splitlines()[1].strip() == (
         "{90, {avo::kNever, avo::kNever, 1024}, " + f"{never}, {never}, " + "{2048, avo::kNever, avo::kNever}, "
-        "{avo::kNever, 1024, avo::kNever}},")
+        "{avo::kNever, 1024, avo::kNever}, " + f"{never}}},")
 
 
-def test_a_tuning_file_without_global_pipelined_tiled_or_cluster_tables_never_picks_them(tmp_path):
+def test_a_tuning_file_without_global_pipelined_tiled_cluster_or_wide_tables_never_picks_them(tmp_path):
     tuning = {"arch": 90, "gpu": "NVIDIA H200", "staged_min_vectors": {"softmax": {"forward": {"float16": 512}}}}
     cu = _softmax_cu(_tree(tmp_path, tuning))
     assert "//   | forward  | sm_90 (NVIDIA H200) | global    |    never |    never |    never |" in cu
     assert "//   | forward  | sm_90 (NVIDIA H200) | pipelined |    never |    never |    never |" in cu
     assert "//   | backward | sm_90 (NVIDIA H200) | tiled     |    never |    never |    never |" in cu
     assert "//   | backward | sm_90 (NVIDIA H200) | cluster   |    never |    never |    never |" in cu
+    assert "//   | forward  | sm_90 (NVIDIA H200) | wide      |    never |    never |    never |" in cu
 
 
 @pytest.mark.parametrize("content, name, phrase", [
@@ -158,6 +163,23 @@ def test_pipelined_threshold_is_against_register_on_rows_registers_hold():
     assert thresholds(points[:2] + points[4:], ["pipelined_min_vectors"], 0.01, 0.03) == {"pipelined_min_vectors": None}
 
 
+def test_wide_threshold_is_against_register_and_pipelined_on_rows_registers_hold():
+    from tune_rows import thresholds
+
+    def m(n, register, pipelined, wide):
+        times = {"register_us": register, "pipelined_us": pipelined, "wide_us": wide}
+        return {"row_length": n, "vectors": n // 8, **{k: v for k, v in times.items() if v is not None}}
+
+    # wide beats register from 8192 on but pipelined only from 16384 on; at 32768 only wide
+    # holds the row (no register or pipelined time: not a point); beyond, none runs
+    points = [m(4096, 10, 10.5, 11), m(8192, 10, 9.5, 9.8), m(16384, 10, 9.5, 9.0), m(32768, None, None, 9.0),
+              m(65536, 20, 20, 12)]
+    assert thresholds(points, ["wide_min_vectors"], 0.01, 0.03) == {"wide_min_vectors": 2048}
+    # a backward with per-column sums has no wide time: never
+    assert thresholds([m(4096, 10, 9, None), m(16384, 10, 9, None)], ["wide_min_vectors"], 0.01, 0.03) == \
+        {"wide_min_vectors": None}
+
+
 def test_staged_threshold_is_against_register_and_pipelined():
     from tune_rows import thresholds
 
@@ -217,7 +239,7 @@ def test_recompute_takes_the_last_runs_measurements(tmp_path):
     assert out["pipelined_min_vectors"] == {"softmax": {"forward": {"float16": 1024}}}
     assert out["global_min_vectors"] == data["global_min_vectors"]  # not among --tables
     assert out["measurements"] == data["measurements"] and out["runs"] == data["runs"]
-    assert "staged against the fastest of register and pipelined" in out["rule"]
+    assert "staged against the fastest of register, pipelined and wide" in out["rule"]
     # the last run timed no global version: asked for, its table keeps its values
     assert main(["--recompute", str(path), "--tables", "global"]) == 0
     assert json.loads(path.read_text())["global_min_vectors"] == data["global_min_vectors"]

@@ -13,7 +13,8 @@
 //    registers: kCanPipeline), a group loads its next row before it computes the
 //    current one, on a grid of resident blocks (with per-column sums, the next row of
 //    its chunk); unpipelined, the grid covers the rows (a lean row's kernel with fewer
-//    registers: kLeanRow; a wide row's groups of 512 threads with 2P vectors: kWideRow).
+//    registers: kLeanRow). On wide rows (kWideRow, from a measured length on) a group
+//    of up to 512 threads holds 2P vectors a thread.
 //  - StagedRow, for longer aligned rows that fit in shared memory: a block takes a row;
 //    its per-element inputs are copied into shared memory with cp.async, kStages rows
 //    at a time, so that the next rows arrive while the block computes the current one.
@@ -1489,26 +1490,39 @@ __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math, 
   register_rows<T, Args, Math, V, kPipelined>(args, math, group_threads);
 }
 
-// A wide row: an unpipelined register row of more than kRowVectors * kWideRowThreads
-// vectors whose math keeps one per-element input and no per-column sums or kept values
-// (the forwards of layernorm, rmsnorm, softmax, log_softmax and channel_norm without
-// swish). A group of kWideRowThreads threads takes it, each thread holding
-// kWideRowVectors, twice kRowVectors (wide_row_kernel), instead of a block of 1024 threads holding
-// kRowVectors: two blocks then share a multiprocessor, one loading while the other
+// Wide rows: the register version (unpipelined) with groups of up to kWideRowThreads
+// threads holding kWideRowVectors each, twice kRowVectors (wide_row_kernel), for maths
+// that keep one or two per-element inputs and no per-column sums or kept values (the
+// forwards of layernorm, rmsnorm, softmax, log_softmax, channel_norm without swish,
+// add_layernorm and add_rmsnorm; the backwards of softmax, log_softmax and channel_norm).
+// The dispatch table's "wide" line says from which length on they run, and rows that
+// only they hold in registers take them anyway.
+// One input: a row of 16384 fp32 elements takes a group of 512 threads instead of a
+// block of 1024, so that two blocks share a multiprocessor, one loading while the other
 // reduces, and a reduction waits for 16 warps instead of 32. On the H200 the fp32
 // forwards at 4096x16384 ran in 132-137 us where the block of 1024 threads, pipelined (the
 // faster of its two kernels), took 144-148 (channel_norm's 132 against 148); rows of 32768
 // in 16 bits in 71-76 us against 76-80 (the faster of the pipelined and cluster
-// versions). A thread's 8 vectors take 32 registers: the kernels fit 64 without spilling.
+// versions); layernorm's 16-bit forward at 4096x16384 in 73 us against 77 pipelined and
+// 80 unpipelined. A thread's 8 vectors take 32 registers: the kernels fit 64 without
+// spilling, two blocks a multiprocessor.
+// Two inputs: rows twice as long as the register version otherwise holds (its groups
+// have at most 512 threads there), which took the cluster version: on the H200
+// softmax's fp32 backward at 4096x16384 ran in 191 us instead of 209, log_softmax's in
+// 190 instead of 203, add_rmsnorm's fp32 forward in 268 instead of 284. A thread's 8
+// vectors of two inputs take 64 registers: one block a multiprocessor.
 template <typename Math>
-constexpr bool kWideRow = kElementInputCount<Math> == 1 && Math::kColumnSums == 0 && Math::kKeptValues == 0;
+constexpr bool kWideRow = kElementInputCount<Math> <= 2 && Math::kColumnSums == 0 && Math::kKeptValues == 0;
 constexpr int kWideRowThreads = 512;
 template <typename Math>
 constexpr int kWideRowVectors = 2 * kRowVectors<Math>;
+template <typename Math>
+constexpr int kWideRowBlocksPerSM = kElementInputCount<Math> == 1 ? 2 : 1;
 
 template <typename T, typename Args, typename Math, int V>
-__global__ void __launch_bounds__(kWideRowThreads, 2) wide_row_kernel(const Args args, const Math math, int group_threads) {
-  static_assert(kWideRow<Math>, "only a wide row fits two blocks of kWideRowThreads");
+__global__ void __launch_bounds__(kWideRowThreads, kWideRowBlocksPerSM<Math>)
+    wide_row_kernel(const Args args, const Math math, int group_threads) {
+  static_assert(kWideRow<Math>, "only a wide row fits kWideRowBlocksPerSM blocks of kWideRowThreads");
   register_rows<T, Args, Math, V, false, kWideRowVectors<Math>>(args, math, group_threads);
 }
 
@@ -1524,7 +1538,7 @@ __global__ void __launch_bounds__(kWideRowThreads, 2) wide_row_kernel(const Args
 // Bounded to 40, kernels that keep more spilled and lost (layernorm's forward up to 14%,
 // softmax's backward 30%): they keep __launch_bounds__.
 template <typename Math>
-constexpr bool kLeanRow = kWideRow<Math> && Math::kColumnInputs == 0;
+constexpr bool kLeanRow = kWideRow<Math> && kElementInputCount<Math> == 1 && Math::kColumnInputs == 0;
 constexpr int kLeanRowRegisters = 40;
 
 // __maxnreg__ (nvcc 12.4 on) cannot be given with __launch_bounds__; older compilers get
@@ -1877,16 +1891,22 @@ inline int threads_for(int64_t vectors, int per_thread) {
 // for rows of at least `thresholds.global_min_vectors`, the cluster version for rows of
 // at least `thresholds.cluster_min_vectors` where it fits, StagedRow for rows of at
 // least `thresholds.staged_min_vectors` (all from the generated, measured table) or
-// that registers cannot hold; else RegisterRow, pipelined from
+// that registers cannot hold; else RegisterRow: on wide rows from
+// `thresholds.wide_min_vectors` on and where only they hold the row (fits_wide without
+// fits_registers: rows of two per-element inputs), else pipelined from
 // `thresholds.pipelined_min_vectors` on where the kernel can be; the cluster version,
-// then GlobalRow, for what neither takes.
-inline RowVersion pick_row_version(int64_t vectors, bool fits_registers, bool fits_staged, bool fits_cluster,
-                                   bool can_pipeline, bool can_tile, const RowThresholds& thresholds) {
+// then GlobalRow, for what none of them takes.
+inline RowVersion pick_row_version(int64_t vectors, bool fits_registers, bool fits_wide, bool fits_staged,
+                                   bool fits_cluster, bool can_pipeline, bool can_tile,
+                                   const RowThresholds& thresholds) {
   const RowVersion forced = forced_row_version();
   const RowVersion in_registers =
-      can_pipeline && vectors >= thresholds.pipelined_min_vectors ? RowVersion::kPipelined : RowVersion::kRegister;
+      fits_wide && (vectors >= thresholds.wide_min_vectors || !fits_registers) ? RowVersion::kWide
+      : can_pipeline && vectors >= thresholds.pipelined_min_vectors           ? RowVersion::kPipelined
+                                                                              : RowVersion::kRegister;
   if (forced == RowVersion::kRegister && fits_registers) return RowVersion::kRegister;
   if (forced == RowVersion::kPipelined && fits_registers) return can_pipeline ? RowVersion::kPipelined : RowVersion::kRegister;
+  if (forced == RowVersion::kWide && fits_wide) return RowVersion::kWide;
   if (forced == RowVersion::kStaged && fits_staged) return RowVersion::kStaged;
   if (forced == RowVersion::kCluster && fits_cluster) return RowVersion::kCluster;
   if (forced == RowVersion::kTiled && can_tile) return RowVersion::kTiled;
@@ -1894,8 +1914,9 @@ inline RowVersion pick_row_version(int64_t vectors, bool fits_registers, bool fi
   if (can_tile && vectors >= thresholds.tiled_min_vectors) return RowVersion::kTiled;
   if (vectors >= thresholds.global_min_vectors) return RowVersion::kGlobal;
   if (fits_cluster && vectors >= thresholds.cluster_min_vectors) return RowVersion::kCluster;
-  if (fits_staged && (vectors >= thresholds.staged_min_vectors || !fits_registers)) return RowVersion::kStaged;
-  if (fits_registers) return in_registers;
+  const bool in_any_registers = fits_registers || fits_wide;
+  if (fits_staged && (vectors >= thresholds.staged_min_vectors || !in_any_registers)) return RowVersion::kStaged;
+  if (in_any_registers) return in_registers;
   return fits_cluster ? RowVersion::kCluster : RowVersion::kGlobal;
 }
 
@@ -2081,7 +2102,7 @@ RowThresholds row_thresholds(const RowTuning (&table)[N], int arch) {
   for (const RowTuning& row : table)
     if (row.arch == arch || row.arch == 0)
       return {row.staged_min_vectors[index], row.global_min_vectors[index], row.pipelined_min_vectors[index],
-              row.tiled_min_vectors[index], row.cluster_min_vectors[index]};
+              row.tiled_min_vectors[index], row.cluster_min_vectors[index], row.wide_min_vectors[index]};
   return {};
 }
 
@@ -2099,6 +2120,7 @@ void launch_row_op(const Args& args, const Math& math, const RowTuning (&tuning)
   const bool vectorized = args.length % V == 0 && element_tensors_aligned<Math>(args, 16);
   const int64_t vectors = vectorized ? args.length / V : args.length;
   const bool fits_registers = vectors <= int64_t(kRowVectors<Math>) * kMaxGroupThreads<Math>;
+  const bool fits_wide = kWideRow<Math> && vectorized && vectors <= int64_t(kWideRowVectors<Math>) * kWideRowThreads;
   const size_t staged_bytes = staged_row_bytes<T, Math>(args.length);
   const bool fits_staged = vectorized && vectors <= int64_t(kStagedVectors) * kMaxGroupThreads<Math> &&
                            staged_bytes <= max_dynamic_shared_bytes(device);
@@ -2106,7 +2128,7 @@ void launch_row_op(const Args& args, const Math& math, const RowTuning (&tuning)
   // versions only where nothing else fits, and are not pipelined.
   const RowThresholds thresholds = {table.staged_min_vectors, vectorized ? table.global_min_vectors : kNever,
                                     table.pipelined_min_vectors, table.tiled_min_vectors,
-                                    vectorized ? table.cluster_min_vectors : kNever};
+                                    vectorized ? table.cluster_min_vectors : kNever, table.wide_min_vectors};
   // Asked only where it could be chosen: the occupancy query costs host time.
   const bool may_cluster = forced_row_version() == RowVersion::kCluster || (!fits_registers && !fits_staged) ||
                            vectors >= thresholds.cluster_min_vectors;
@@ -2115,15 +2137,15 @@ void launch_row_op(const Args& args, const Math& math, const RowTuning (&tuning)
                                  : launch_cluster_rows<T, Args, Math, 1>(args, math, vectors, chunked, device, stream, true));
   // The tiled version: rows of two tiles or more (the binding then allocates the tile sums).
   const bool can_tile = kCanTile<Math> && chunked && vectorized && args.tile_sums != nullptr;
-  const RowVersion version = pick_row_version(vectors, fits_registers, fits_staged, fits_cluster,
+  const RowVersion version = pick_row_version(vectors, fits_registers, fits_wide, fits_staged, fits_cluster,
                                               kCanPipeline<Math> && vectorized, can_tile, thresholds);
   last_row_version() = version;
   int64_t partial_chunks = args.chunks;  // the chunks of the partials the version writes
   switch (version) {
     case RowVersion::kRegister:
-    case RowVersion::kPipelined: {
-      const bool wide = kWideRow<Math> && vectorized && version == RowVersion::kRegister &&
-                        vectors > int64_t(kRowVectors<Math>) * kWideRowThreads;
+    case RowVersion::kPipelined:
+    case RowVersion::kWide: {
+      const bool wide = version == RowVersion::kWide;
       const int group = threads_for(vectors, wide ? kWideRowVectors<Math> : kRowVectors<Math>);
       const int block = group < kRowBlockThreads ? kRowBlockThreads : group;
       const int groups = block / group;

@@ -17,9 +17,10 @@ namespace avo {
 // avo/row_cuda.cuh). A backward with per-column sums takes the tiled version from
 // tiled_min_vectors[t] on, before any other (where it can: kCanTile). Rows that the
 // registers of a block or its shared memory hold take the cluster version instead from
-// cluster_min_vectors[t] on (where it fits; sm_90). The generated
-// sources hold these tables, from the files of tuning/ (benchmarks/tune_rows.py writes
-// them).
+// cluster_min_vectors[t] on (where it fits; sm_90). The register version takes wide rows
+// (groups of 512 threads holding twice the vectors, where the math can: kWideRow) from
+// wide_min_vectors[t] on, and where only they hold the row. The generated sources hold
+// these tables, from the files of tuning/ (benchmarks/tune_rows.py writes them).
 struct RowTuning {
   int arch;
   int64_t staged_min_vectors[3];
@@ -27,6 +28,7 @@ struct RowTuning {
   int64_t pipelined_min_vectors[3];
   int64_t tiled_min_vectors[3];
   int64_t cluster_min_vectors[3];
+  int64_t wide_min_vectors[3];
 };
 
 // A version never taken by choice, only where no other fits.
@@ -39,11 +41,13 @@ struct RowThresholds {
   int64_t pipelined_min_vectors = kNever;
   int64_t tiled_min_vectors = kNever;
   int64_t cluster_min_vectors = kNever;
+  int64_t wide_min_vectors = kNever;
 };
 
-// kPipelined is the register version loading the next row ahead (pipelined_rows);
-// kTiled cuts rows into column tiles (TiledRow).
-enum class RowVersion { kAuto = -1, kRegister, kPipelined, kStaged, kCluster, kGlobal, kTiled };
+// kPipelined is the register version loading the next row ahead (pipelined_rows), kWide
+// the register version on wide rows (wide_row_kernel); kTiled cuts rows into column
+// tiles (TiledRow).
+enum class RowVersion { kAuto = -1, kRegister, kPipelined, kWide, kStaged, kCluster, kGlobal, kTiled };
 
 // The process-wide choice. A forced version that a call cannot take (a row too long
 // for registers, say) is ignored for that call.
