@@ -760,8 +760,10 @@ def test_global_kernel_version_on_long_rows_matches_float64(name, shape, row_ver
 
 # Rows of 262144 elements take clusters of 16 blocks on sm_90, past the portable 8, where
 # that holds them: 16-bit rows whose cluster row has blocks of 512 threads (two
-# per-element inputs, or per-column sums), and fp32 forwards of one per-element input
-# (blocks of 1024 threads); rows that need more take another version. A cluster row that
+# per-element inputs, or per-column sums), fp32 forwards of one per-element input
+# (blocks of 1024 threads), and fp32 rows of two per-element inputs without per-column
+# sums (wide cluster rows: blocks of 512 threads holding 8 vectors a thread); rows that
+# need more take another version. A cluster row that
 # sums no columns loads its next row while it computes one (pipelined_rows in
 # avo/row_cuda.cuh): 301 rows of 65536 give the clusters several rows each, in counts
 # that differ by one; 2 rows leave most clusters none.
@@ -775,6 +777,23 @@ def test_cluster_kernel_version_on_long_rows_matches_float64(name, shape, row_ve
     rtol = 1e-4 if dtype == torch.float32 else None
     check_values(op, tensors, dtype, rtol=rtol)
     check_gradients(op, tensors, dtype, op.op)
+
+
+# fp32 rows of 262144 elements of a math of two per-element inputs (add_layernorm's and
+# add_rmsnorm's forwards, softmax's and log_softmax's backwards) are too long for clusters
+# of 16 blocks of 512 threads holding 4 vectors each: the cluster version gives them wide
+# cluster rows (wide_cluster_row_kernel in avo/row_cuda.cuh, 8 vectors a thread).
+@needs_cuda
+@pytest.mark.parametrize("row_version", ["cluster"], indirect=True)
+@pytest.mark.parametrize("name", ["add_layernorm", "add_rmsnorm", "softmax", "log_softmax"])
+def test_wide_cluster_rows_take_fp32_rows_of_two_inputs(name, row_version):
+    op = OPS[name]
+    tensors = make_inputs(op, (3, 262144), torch.float32, "cuda")
+    check_values(op, tensors, torch.float32, rtol=1e-4)
+    forward = avo_ops._C.last_row_version()
+    check_gradients(op, tensors, torch.float32, op.op)
+    backward = avo_ops._C.last_row_version()
+    assert (forward if name.startswith("add_") else backward) == "cluster"
 
 
 # A cluster row that sums no columns (every forward, and a backward of a call without

@@ -24,7 +24,8 @@
 //    is split over the 2 to 16 blocks of a thread-block cluster, each block holding its
 //    part in registers; reductions combine the blocks through mailboxes in shared
 //    memory (cluster_exchange), without a cluster barrier. Pipelined where it can be
-//    and sums no columns.
+//    and sums no columns. Rows of two per-element inputs that 16 blocks of 512 threads
+//    cannot hold take wide cluster rows (wide_cluster_row_kernel: 2P vectors a thread).
 //    Where the call sums no columns, each thread copies its vectors of the per-column
 //    inputs (weight, bias) into shared memory once per kernel (ColumnStage).
 //  - GlobalRow, for the rest: each pass reads the row from global memory again (from L2
@@ -1564,11 +1565,12 @@ __global__ void AVO_LEAN_ROW_BOUNDS lean_row_kernel(const Args args, const Math 
 // With `stage_columns` (a call without per-column sums: launch_cluster_rows then gives
 // the kernel ColumnStage::bytes of shared memory) each thread first copies its vectors of
 // the per-column inputs there.
-template <typename T, typename Args, typename Math, int V>
-__global__ void __launch_bounds__(kMaxGroupThreads<Math>, kClusterBlocksPerSM<T, Math>)
-    cluster_row_kernel(const Args args, const Math math, bool stage_columns) {
+// kVectors: the vectors a thread holds (kRowVectors, or a wide cluster row's
+// kWideRowVectors: wide_cluster_row_kernel).
+template <typename T, typename Args, typename Math, int V, int kVectors>
+__device__ __forceinline__ void cluster_rows(const Args& args, const Math& math, bool stage_columns) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using Row = RegisterRow<T, Args, Math, V, true>;
+  using Row = RegisterRow<T, Args, Math, V, true, kVectors>;
   namespace cg = cooperative_groups;
   const cg::cluster_group cluster = cg::this_cluster();
   const int blocks = int(cluster.num_blocks());
@@ -1579,7 +1581,7 @@ __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kClusterBlocksPerSM<T,
   cluster_mailbox_init();
   const decltype(Row::column_stage) stage = {Math::kColumnInputs != 0 && stage_columns};
   if (stage.present) stage.fill(args, lane, threads);  // each thread reads back only what it wrote: no barrier
-  if constexpr (kCanPipeline<Math> && Math::kColumnSums == 0) {
+  if constexpr (kCanPipeline<Math> && Math::kColumnSums == 0 && kVectors == kRowVectors<Math>) {
     // The same rows, and so the same count, for every block of the cluster.
     const int64_t count = cluster_index < args.rows ? (args.rows - cluster_index + clusters - 1) / clusters : 0;
     pipelined_rows<Row>(
@@ -1607,6 +1609,28 @@ __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kClusterBlocksPerSM<T,
   }
   cluster.sync();  // no block may leave while another may still send to its mailbox
 #endif
+}
+
+template <typename T, typename Args, typename Math, int V>
+__global__ void __launch_bounds__(kMaxGroupThreads<Math>, kClusterBlocksPerSM<T, Math>)
+    cluster_row_kernel(const Args args, const Math math, bool stage_columns) {
+  cluster_rows<T, Args, Math, V, kRowVectors<Math>>(args, math, stage_columns);
+}
+
+// A wide cluster row: the rows of a math of two per-element inputs with no per-column sums
+// or kept values (kWideRow) that clusters of kMaxWideClusterBlocks blocks of 512 threads
+// holding kRowVectors cannot hold (in fp32, rows of 131073 to 262144 elements: the
+// forwards of add_layernorm and add_rmsnorm, the backwards of softmax, log_softmax and
+// channel_norm) take blocks of kWideRowThreads threads holding kWideRowVectors, as the
+// wide rows do (one block a multiprocessor, unpipelined), instead of the global version.
+template <typename Math>
+constexpr bool kWideCluster = kWideRow<Math> && kElementInputCount<Math> == 2;
+
+template <typename T, typename Args, typename Math, int V>
+__global__ void __launch_bounds__(kWideRowThreads, 1)
+    wide_cluster_row_kernel(const Args args, const Math math, bool stage_columns) {
+  static_assert(kWideCluster<Math>, "only a wide row of two inputs takes a wide cluster row");
+  cluster_rows<T, Args, Math, V, kWideRowVectors<Math>>(args, math, stage_columns);
 }
 
 // The block size of a cluster row launch: `threads` (a power of two) over at least two
@@ -1965,18 +1989,17 @@ bool allow_dynamic_shared_bytes(Kernel kernel, size_t bytes, const DeviceInfo& d
          raise_kernel_attribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes), device);
 }
 
-// Launches cluster_row_kernel for rows of `vectors` vectors over clusters of `blocks`
-// blocks of `threads` (up to kMaxWideClusterBlocks blocks); false when the GPU cannot run
-// such clusters (the caller then takes another version).
-template <typename T, typename Args, typename Math, int V>
-bool launch_cluster_rows(const Args& args, const Math& math, int64_t vectors, bool chunked, const DeviceInfo& device,
-                         cudaStream_t stream, bool dry_run) {
-  if (device.arch < 90) return false;
-  const int64_t threads = threads_for(vectors, kRowVectors<Math>);
+// Launches `kernel`, a cluster row kernel whose threads hold P vectors, for rows of
+// `vectors` vectors over clusters of `blocks` blocks of `threads` (up to
+// kMaxWideClusterBlocks blocks); false when the GPU cannot run such clusters (the caller
+// then takes another version).
+template <typename T, typename Args, typename Math, int V, int P, typename Kernel>
+bool launch_cluster_kernel(Kernel kernel, const Args& args, const Math& math, int64_t vectors, bool chunked,
+                           const DeviceInfo& device, cudaStream_t stream, bool dry_run) {
+  const int64_t threads = threads_for(vectors, P);
   const int block = cluster_block_threads<Math>(threads);
   const int64_t blocks = (threads + block - 1) / block < 2 ? 2 : (threads + block - 1) / block;
   if (blocks > kMaxWideClusterBlocks) return false;
-  const auto kernel = cluster_row_kernel<T, Args, Math, V>;
   if (blocks > kMaxClusterBlocks &&
       !raise_kernel_attribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1, device))
     return false;
@@ -1986,7 +2009,7 @@ bool launch_cluster_rows(const Args& args, const Math& math, int64_t vectors, bo
   if (dry_run) return true;
   // The copy of the per-column inputs (ColumnStage), where the call has some and wants no
   // per-column sums, and where it leaves as many clusters resident as without it.
-  using Stage = ColumnStage<T, Args, Math, kRowVectors<Math>, V>;
+  using Stage = ColumnStage<T, Args, Math, P, V>;
   const size_t stage_bytes = Stage::kSlots > 0 && !chunked ? Stage::bytes(block) : 0;
   bool stage_columns = false;
   if (stage_bytes > 0 && allow_dynamic_shared_bytes(kernel, stage_bytes, device)) {
@@ -1996,6 +2019,21 @@ bool launch_cluster_rows(const Args& args, const Math& math, int64_t vectors, bo
   }
   clusters.launch(kernel, chunked ? args.chunks : (args.rows < resident ? args.rows : resident), args, math, stage_columns);
   return true;
+}
+
+// Launches the cluster version for rows of `vectors` vectors: cluster_row_kernel, or
+// wide_cluster_row_kernel for the rows of 16-byte vectors that only it holds.
+template <typename T, typename Args, typename Math, int V>
+bool launch_cluster_rows(const Args& args, const Math& math, int64_t vectors, bool chunked, const DeviceInfo& device,
+                         cudaStream_t stream, bool dry_run) {
+  if (device.arch < 90) return false;
+  if constexpr (kWideCluster<Math> && V > 1) {
+    if (threads_for(vectors, kRowVectors<Math>) > int64_t(kMaxWideClusterBlocks) * kMaxGroupThreads<Math>)
+      return launch_cluster_kernel<T, Args, Math, V, kWideRowVectors<Math>>(
+          wide_cluster_row_kernel<T, Args, Math, V>, args, math, vectors, chunked, device, stream, dry_run);
+  }
+  return launch_cluster_kernel<T, Args, Math, V, kRowVectors<Math>>(cluster_row_kernel<T, Args, Math, V>, args, math,
+                                                                     vectors, chunked, device, stream, dry_run);
 }
 
 // Launches global_row_kernel. On sm_90, rows of 16-byte vectors longer than
