@@ -96,6 +96,8 @@ DEFAULT_OPS = [op for op in op_names() if op != "gelu_tanh"]
 QUICK_SHAPES = ["16384x4096"]
 QUICK_OPS = ["gelu", "silu", "layernorm", "rmsnorm", "softmax"]
 QUICK_DTYPES = ["bf16", "fp32"]
+# The row-kernel versions a run can force (avo_ops._C.set_row_version; besides "auto").
+ROW_VERSIONS = ("register", "pipelined", "wide", "staged", "cluster", "global", "tiled")
 DEFAULT_REPS = 50        # the median of 50 is stable to well under 1% on these sizes
 COPY_SIZES_MIB = [512, 2048]
 FALLBACK_L2_BYTES = 64 << 20
@@ -595,7 +597,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--no-liger", action="store_true", help="skip Liger-Kernel")
     p.add_argument("--no-avo", action="store_true",
                    help="benchmark only the baselines (no avo_ops needed)")
-    p.add_argument("--row-version", choices=["auto", "register", "pipelined", "wide", "staged", "cluster", "global", "tiled"], default="auto",
+    p.add_argument("--row-version", choices=["auto", *ROW_VERSIONS], default="auto",
                    help="run every row op on this CUDA kernel version where the call can take it "
                         "(default: auto, the dispatch table's choice)")
     p.add_argument("--out", metavar="DIR",

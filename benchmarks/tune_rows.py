@@ -76,7 +76,7 @@ ROLES = {"fwd": "forward", "bwd": "backward"}
 DIRECTIONS = {role: direction for direction, role in ROLES.items()}
 DEFAULT_LENGTHS = [256 << i for i in range(11)]  # 256 ... 262144
 STAGED_MAX_LENGTH = 32768  # the longest row of one input the staged version holds (bf16/fp16)
-VERSIONS = ("register", "pipelined", "wide", "staged", "cluster", "global", "tiled")
+VERSIONS = bench_ops.ROW_VERSIONS
 # The versions each table compares: the last one against the fastest of the others that
 # a measurement has (forwards have no tiled time, some backwards no pipelined one).
 TABLE_VERSIONS = {"staged_min_vectors": ("register", "pipelined", "wide", "staged"),

@@ -2168,8 +2168,8 @@ void launch_row_op(const Args& args, const Math& math, const RowTuning (&tuning)
                                     table.pipelined_min_vectors, table.tiled_min_vectors,
                                     vectorized ? table.cluster_min_vectors : kNever, table.wide_min_vectors};
   // Asked only where it could be chosen: the occupancy query costs host time.
-  const bool may_cluster = forced_row_version() == RowVersion::kCluster || (!fits_registers && !fits_staged) ||
-                           vectors >= thresholds.cluster_min_vectors;
+  const bool may_cluster = forced_row_version() == RowVersion::kCluster ||
+                           (!fits_registers && !fits_wide && !fits_staged) || vectors >= thresholds.cluster_min_vectors;
   const bool fits_cluster =
       may_cluster && (vectorized ? launch_cluster_rows<T, Args, Math, V>(args, math, vectors, chunked, device, stream, true)
                                  : launch_cluster_rows<T, Args, Math, 1>(args, math, vectors, chunked, device, stream, true));
