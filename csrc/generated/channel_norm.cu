@@ -24,7 +24,7 @@ namespace avo::ops::channel_norm {
 //   | forward  | sm_90 (NVIDIA H200) | pipelined |     4096 |     4096 |     4096 |
 //   | forward  | sm_90 (NVIDIA H200) | tiled     |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200) | cluster   |    never |    never |    never |
-//   | forward  | sm_90 (NVIDIA H200) | wide      |     2048 |      256 |     1024 |
+//   | forward  | sm_90 (NVIDIA H200) | wide      |      512 |     2048 |     1024 |
 //   | forward  | any other GPU       | staged    |    never |    never |    never |
 //   | forward  | any other GPU       | global    |    never |    never |    never |
 //   | forward  | any other GPU       | pipelined |    never |    never |    never |
@@ -44,7 +44,7 @@ namespace avo::ops::channel_norm {
 //   | backward | any other GPU       | cluster   |    never |    never |    never |
 //   | backward | any other GPU       | wide      |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 256, 1024}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {512, 2048, 1024}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {

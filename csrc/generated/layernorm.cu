@@ -24,7 +24,7 @@ namespace avo::ops::layernorm {
 //   | forward  | sm_90 (NVIDIA H200) | pipelined |     2048 |     2048 |     4096 |
 //   | forward  | sm_90 (NVIDIA H200) | tiled     |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200) | cluster   |    never |    never |    never |
-//   | forward  | sm_90 (NVIDIA H200) | wide      |      256 |      256 |     4096 |
+//   | forward  | sm_90 (NVIDIA H200) | wide      |     1024 |     1024 |     4096 |
 //   | forward  | any other GPU       | staged    |    never |    never |    never |
 //   | forward  | any other GPU       | global    |    never |    never |    never |
 //   | forward  | any other GPU       | pipelined |    never |    never |    never |
@@ -44,7 +44,7 @@ namespace avo::ops::layernorm {
 //   | backward | any other GPU       | cluster   |    never |    never |    never |
 //   | backward | any other GPU       | wide      |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {256, 256, 4096}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {1024, 1024, 4096}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {

@@ -6,15 +6,15 @@
 //    registers. A group of G threads (a power of two, up to kMaxGroupThreads<Math>) takes
 //    a row; each thread holds up to P vectors of V elements of every per-element input,
 //    vector i of thread `lane` being the row's vector i * G + lane (coalesced). P is
-//    kRowVectors<Math>, for a cluster row too. V is 16 bytes'
-//    worth of elements when every row starts 16-byte aligned and the length is a
-//    multiple of it, else 1. Short rows share a block (several groups of G <
-//    kRowBlockThreads). Pipelined (from a measured length on, where the kernel has the
-//    registers: kCanPipeline), a group loads its next row before it computes the
-//    current one, on a grid of resident blocks (with per-column sums, the next row of
-//    its chunk); unpipelined, the grid covers the rows (a lean row's kernel with fewer
-//    registers: kLeanRow). On wide rows (kWideRow, from a measured length on) a group
-//    of up to 512 threads holds 2P vectors a thread.
+//    kRowVectors<Math>, for a cluster row too. V is 16 bytes' worth of elements when
+//    every row starts 16-byte aligned and the length is a multiple of it, else 1. Short
+//    rows share a block (several groups of G < kRowBlockThreads, or
+//    kShortRowBlockThreads where the call sums no columns). Pipelined (from a measured
+//    length on, where the kernel has the registers: kCanPipeline), a group loads its
+//    next row before it computes the current one, on a grid of resident blocks (with
+//    per-column sums, the next row of its chunk); unpipelined, the grid covers the rows
+//    (a lean row's kernel with fewer registers: kLeanRow). On wide rows (kWideRow, from
+//    a measured length on) a group of up to 512 threads holds 2P vectors a thread.
 //  - StagedRow, for longer aligned rows that fit in shared memory: a block takes a row;
 //    its per-element inputs are copied into shared memory with cp.async, kStages rows
 //    at a time, so that the next rows arrive while the block computes the current one.
@@ -61,7 +61,15 @@
 
 namespace avo {
 
-constexpr int kRowBlockThreads = 256;  // block of RegisterRow kernels with smaller groups
+// Block of RegisterRow kernels with smaller groups: kRowBlockThreads where the call sums
+// columns (each group keeps its chunk's sums), kShortRowBlockThreads where it does not.
+// A block's threads leave the multiprocessor together, so a block of 32 short rows
+// holds its registers until its slowest row is done. On the H200 blocks of 64 threads
+// instead of 256 ran the forwards at N = 256 and 1024 1-3% faster (layernorm's 16-bit
+// 2.5-3%, swish_layernorm's 3% and its fp32 one at 1024 7%), the backwards without
+// per-column sums 0.3%; the backwards with them lost 13-33% at 256 and 1024.
+constexpr int kRowBlockThreads = 256;
+constexpr int kShortRowBlockThreads = 64;
 constexpr int kGlobalRowThreads = 512; // block of GlobalRow kernels
 constexpr int kGlobalBatch = 4;        // vectors a GlobalRow thread loads before it computes
 constexpr int kStages = 3;             // rows a StagedRow block holds: one computed, two arriving
@@ -2185,7 +2193,8 @@ void launch_row_op(const Args& args, const Math& math, const RowTuning (&tuning)
     case RowVersion::kWide: {
       const bool wide = version == RowVersion::kWide;
       const int group = threads_for(vectors, wide ? kWideRowVectors<Math> : kRowVectors<Math>);
-      const int block = group < kRowBlockThreads ? kRowBlockThreads : group;
+      const int row_block = chunked ? kRowBlockThreads : kShortRowBlockThreads;
+      const int block = group < row_block ? row_block : group;
       const int groups = block / group;
       // Where Math cannot be pipelined both names are the same kernel.
       const auto kernel = [&] {
