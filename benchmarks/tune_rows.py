@@ -41,10 +41,12 @@ choice under every version's name at the longest rows, where then no threshold c
 be found.
 --tables computes some of them (and times only the versions they compare); --ops,
 --kernels and --dtypes limit what is measured. Whatever a run does not measure is kept
-from the file it writes over. The file also keeps every time measured, the GPU, the
-versions and the command. --recompute PATH times nothing: it computes --tables again
-from the measurements of the last run in PATH (after a change of the rule), no GPU
-needed, and writes PATH again (or --out).
+from the file it writes over. The file also keeps the date, versions and command of
+every run, and the times the tables come from: a run of every table replaces the times
+of each (op, kernel, dtype) it measured, whose tables all come from it now; a run of some
+--tables adds its times to those (the other tables came from them). --recompute PATH
+times nothing: it computes --tables again from the measurements of the last run in PATH
+(after a change of the rule), no GPU needed, and writes PATH again (or --out).
 
 Options: --ops, --kernels, --dtypes, --tables, --row-lengths, --elements (default 2^26),
 --reps (default 30), --margin (default 0.01), --tolerance (default 0.03), --out PATH
@@ -173,14 +175,19 @@ def merged_file(previous: dict, found: dict, measurements: list[dict], run: dict
     """The tuning file after a run: `previous` (the file it writes over, or {}) with the
     thresholds `found` ((op, kernel, dtype) -> table -> vectors or None) set, the run
     added to "runs" (a file of one run has its date and command at the top level) and
-    its measurements added, each tagged with its run's place in "runs"."""
+    its measurements added, each tagged with its run's place in "runs". The previous
+    measurements of an (op, kernel, dtype) whose every table the run computed are dropped:
+    none of its tables comes from them any more (without that the file grew by every
+    run's times, 1.9 MB after 23 runs)."""
     tables = {name: json.loads(json.dumps(previous.get(name, {}))) for name in TABLE_VERSIONS}
     for (op, role, dtype), values in found.items():
         for name, value in values.items():
             tables[name].setdefault(op, {}).setdefault(role, {})[dtype] = value
     runs = previous.get("runs", [{k: previous[k] for k in ("date", "command", "torch", "cuda") if k in previous}]
                         if previous else [])
-    kept = [{"run": 0, **m} for m in previous.get("measurements", [])]
+    replaced = {group for group, values in found.items() if set(values) == set(TABLE_VERSIONS)}
+    kept = [{"run": 0, **m} for m in previous.get("measurements", [])
+            if (m["op"], m["kernel"], m["dtype"]) not in replaced]
     return {**header, "runs": runs + [run], **tables,
             "measurements": kept + [{"run": len(runs), **m} for m in measurements]}
 

@@ -321,3 +321,25 @@ def test_a_partial_run_keeps_what_it_did_not_measure():
     again = merged_file(merged, {}, new, {"date": "d2"}, {"arch": 90})
     assert [m["run"] for m in again["measurements"]] == [0, 1, 2]
     assert previous["staged_min_vectors"] == {"softmax": {"forward": {"float16": 512}}}  # not modified
+
+
+def test_a_run_of_every_table_replaces_the_times_of_what_it_measured():
+    from tune_rows import TABLE_VERSIONS, merged_file
+
+    def m(op, us):
+        return {"op": op, "kernel": "forward", "dtype": "float16", "row_length": 256, "register_us": us}
+
+    previous = {"arch": 90, "runs": [{"date": "d0"}], "measurements": [{"run": 0, **m("softmax", 10.0)},
+                                                                      {"run": 0, **m("rmsnorm", 11.0)}]}
+    every = {name: None for name in TABLE_VERSIONS}
+    merged = merged_file(previous, {("softmax", "forward", "float16"): every}, [m("softmax", 9.0)], {"date": "d1"},
+                         {"arch": 90})
+    # softmax's tables all come from the new run: its old time goes; rmsnorm's, not measured, stays
+    assert [(x["run"], x["op"], x["register_us"]) for x in merged["measurements"]] == \
+        [(0, "rmsnorm", 11.0), (1, "softmax", 9.0)]
+    assert [r["date"] for r in merged["runs"]] == ["d0", "d1"]
+    # a run of some tables keeps the times the other tables came from
+    some = {"pipelined_min_vectors": None}
+    again = merged_file(merged, {("softmax", "forward", "float16"): some}, [m("softmax", 8.0)], {"date": "d2"},
+                        {"arch": 90})
+    assert [(x["run"], x["op"]) for x in again["measurements"]] == [(0, "rmsnorm"), (1, "softmax"), (2, "softmax")]
