@@ -10,8 +10,9 @@ global version beats every other, the one from which the register version pipeli
 the tiled version (backwards with per-column sums) beats every other, the one from
 which the cluster version beats the register and staged versions on rows they hold,
 and the one from which the register version on wide rows (groups of 512 threads holding
-twice the vectors) beats it pipelined and not; null where it never does. A file may leave out any table but "staged_min_vectors"; the
-version of a table it leaves out is never taken by choice:
+twice the vectors) beats it pipelined and not; null where it never does. A file may
+leave out any table but "staged_min_vectors"; the version of a table it leaves out is
+never taken by choice:
 
     {"arch": 90, "gpu": "NVIDIA H200",
      "staged_min_vectors": {"layernorm": {"forward": {"float16": 512, "bfloat16": 512, "float32": null}, ...}},
