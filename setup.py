@@ -2,7 +2,8 @@
 `avo_ops._C`, with ninja.
 
 CUDA kernels are built when torch has CUDA and nvcc is found (CUDA_HOME); otherwise
-the build is CPU-only and says so. Environment:
+the build is CPU-only and says so. The C++ files are compiled with OpenMP where torch
+uses it (openmp_flags). Environment:
     AVO_BUILD_CUDA=0          force a CPU-only build
     TORCH_CUDA_ARCH_LIST      GPU architectures (default "8.0;9.0")
     MAX_JOBS                  parallel compile jobs (ninja)
@@ -65,17 +66,31 @@ def want_cuda() -> bool:
     return True
 
 
+def openmp_flags() -> list[str]:
+    """The CPU kernels split their rows and elements with at::parallel_for. Where torch
+    runs its threads with OpenMP (Linux builds), that function is a header template
+    whose parallel region compiles only under -fopenmp: without the flag every CPU call
+    ran on the calling thread. Compiled and linked with it, the extension shares torch's
+    OpenMP runtime (libgomp, already loaded by torch), so torch.set_num_threads applies."""
+    import torch
+
+    if sys.platform.startswith("linux") and torch.backends.openmp.is_available():
+        return ["-fopenmp"]
+    return []
+
+
 def extension():
     from torch.utils.cpp_extension import CppExtension, CUDAExtension
 
     cuda = want_cuda()
     sources = ["csrc/python_module.cpp", *sorted(glob.glob("csrc/generated/*.cpp"))]
     include_dirs = [os.path.join(ROOT, d) for d in ("csrc/include", "csrc", "csrc/generated")]
-    cxx_flags = ["-O3"]
+    cxx_flags = ["-O3", *openmp_flags()]
     # Some toolchains link libstdc++ statically. Its symbols must then stay private to the
     # extension: exported, the process's own libstdc++ (torch's) would take over some of
     # them (its locale tables, say) and formatting a number in an error message crashes.
     link_flags = ["-Wl,--exclude-libs,ALL"] if sys.platform.startswith("linux") else []
+    link_flags += openmp_flags()
     if not cuda:
         return CppExtension("avo_ops._C", sources, include_dirs=include_dirs, extra_compile_args={"cxx": cxx_flags},
                             extra_link_args=link_flags)

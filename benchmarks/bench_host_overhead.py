@@ -21,7 +21,7 @@ because the device is synchronized every --sync-every calls, outside the timed c
 Gradients are cleared outside the timed calls too, so every backward assigns fresh .grad
 tensors. avo and torch are measured in alternating blocks (so slow drifts of the machine
 affect both alike) with the garbage collector off. On CPU the kernels run inside the call
-(on one intra-op thread), so there the time includes the computation.
+(on torch's intra-op threads), so there the time includes the computation.
 
 Usage:
     python benchmarks/bench_host_overhead.py [--device cuda|cpu] [--dtype fp32|bf16|fp16]

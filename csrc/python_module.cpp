@@ -1,10 +1,14 @@
 // The Python module `avo_ops._C`. Importing it runs the static TORCH_LIBRARY
-// registrations of the linked op sources; it exposes built_with_cuda(),
+// registrations of the linked op sources; it exposes built_with_cuda(), cpu_threads(),
 // set_row_version() and last_row_version() (for tests and benchmarks), and the ops'
 // entry points for the functional API (generated/python_calls.cpp).
 #include <Python.h>
 
+#include <ATen/Parallel.h>
+
 #include <cstring>
+#include <mutex>
+#include <set>
 
 #include <avo/row_version.h>
 
@@ -16,6 +20,22 @@ PyObject* built_with_cuda(PyObject*, PyObject*) {
 #else
   Py_RETURN_FALSE;
 #endif
+}
+
+// cpu_threads(): how many threads an at::parallel_for of this extension runs on, as the
+// CPU kernels call it (csrc/map_binding.h, csrc/row_binding.h): one task per intra-op
+// thread of torch, and the distinct threads that ran them. 1 where the extension was
+// built without torch's parallel backend (setup.py, openmp_flags).
+PyObject* cpu_threads(PyObject*, PyObject*) {
+  std::mutex mutex;
+  std::set<int> threads;
+  Py_BEGIN_ALLOW_THREADS
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    const std::lock_guard<std::mutex> lock(mutex);
+    threads.insert(at::get_thread_num());
+  });
+  Py_END_ALLOW_THREADS
+  return PyLong_FromSize_t(threads.size());
 }
 
 const struct {
@@ -60,6 +80,9 @@ PyObject* last_row_version(PyObject*, PyObject*) {
 
 PyMethodDef methods[] = {
     {"built_with_cuda", built_with_cuda, METH_NOARGS, "True when the extension has CUDA kernels."},
+    {"cpu_threads", cpu_threads, METH_NOARGS,
+     "How many threads the CPU kernels run on now: torch.get_num_threads(), or 1 where the extension was built "
+     "without torch's parallel backend. For tests."},
     {"set_row_version", set_row_version, METH_O,
      "Makes every CUDA row-op call take one kernel version ('register', 'pipelined', 'wide', 'staged', 'cluster', "
      "'global', 'tiled') where it can, or the dispatch table's choice ('auto'). For tests and benchmarks."},

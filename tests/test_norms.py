@@ -912,6 +912,39 @@ def test_parameter_gradients_are_deterministic(name, device, dtype):
         assert_matches_reference(a, e, dtype, scale=s)
 
 
+def test_cpu_kernels_run_on_torchs_intra_op_threads():
+    # setup.py compiles the extension with torch's OpenMP; without it at::parallel_for
+    # ran every CPU call on the calling thread, whatever torch.set_num_threads said.
+    previous = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            assert avo_ops._C.cpu_threads() == threads
+    finally:
+        torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("name", NORMS)
+def test_cpu_results_do_not_depend_on_the_thread_count(name, dtype):
+    # The CPU tasks split rows (and, for the parameter gradients, whole chunks of rows):
+    # every value is computed by one thread in a fixed order, however many there are.
+    op = OPS[name]
+    shape = (3000, 64)
+    tensors = make_inputs(op, shape, dtype, "cpu")
+    grads = [randn(shape, dtype, "cpu") for _ in op.outputs]
+    previous = torch.get_num_threads()
+    runs = []
+    try:
+        for threads in (1, 3):
+            torch.set_num_threads(threads)
+            runs.append((_tuple(op.op(*tensors)), op.backward(grads, tensors)))
+    finally:
+        torch.set_num_threads(previous)
+    for one, several in zip(runs[0], runs[1]):
+        for a, b in zip(one, several):
+            assert torch.equal(a, b)
+
+
 # ---------------------------------------------------------------------------------
 # torch.library.opcheck and torch.compile
 # ---------------------------------------------------------------------------------
