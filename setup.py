@@ -67,16 +67,16 @@ def want_cuda() -> bool:
 
 
 def openmp_flags() -> list[str]:
-    """The CPU kernels split their rows and elements with at::parallel_for. Where torch
-    runs its threads with OpenMP (Linux builds), that function is a header template
-    whose parallel region compiles only under -fopenmp: without the flag every CPU call
-    ran on the calling thread. Compiled and linked with it, the extension shares torch's
-    OpenMP runtime (libgomp, already loaded by torch), so torch.set_num_threads applies."""
+    """The CPU kernels split their rows and elements with at::parallel_for. Where ATen's
+    parallel backend is OpenMP (torch's Linux builds; ATen/Config.h: AT_PARALLEL_OPENMP,
+    which CMakeLists.txt reads), that function is a header template whose parallel
+    region compiles only under -fopenmp: without the flag every CPU call ran on the
+    calling thread. Compiled and linked with it, the extension shares torch's OpenMP
+    runtime (libgomp, already loaded by torch), so torch.set_num_threads applies."""
     import torch
 
-    if sys.platform.startswith("linux") and torch.backends.openmp.is_available():
-        return ["-fopenmp"]
-    return []
+    openmp_backend = "ATen parallel backend: OpenMP" in torch.__config__.parallel_info()
+    return ["-fopenmp"] if sys.platform.startswith("linux") and openmp_backend else []
 
 
 def extension():
