@@ -85,7 +85,11 @@ def extension():
     cuda = want_cuda()
     sources = ["csrc/python_module.cpp", *sorted(glob.glob("csrc/generated/*.cpp"))]
     include_dirs = [os.path.join(ROOT, d) for d in ("csrc/include", "csrc", "csrc/generated")]
-    cxx_flags = ["-O3", *openmp_flags()]
+    # -ffp-contract=off: no fused multiply-add but the ones the generated math writes
+    # (F::fma). The CPU kernels are compiled for several instruction sets (AVO_CPU_KERNEL,
+    # avo/common.h) that must give the same bits, and one expression evaluated in several
+    # passes over a row must agree (as -fmad=false below, for the CUDA kernels).
+    cxx_flags = ["-O3", "-ffp-contract=off", *openmp_flags()]
     # Some toolchains link libstdc++ statically. Its symbols must then stay private to the
     # extension: exported, the process's own libstdc++ (torch's) would take over some of
     # them (its locale tables, say) and formatting a number in an error message crashes.

@@ -16,6 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import bench_cases  # noqa: E402
+import bench_cpu  # noqa: E402
 import bench_host_overhead  # noqa: E402
 import merge_runs  # noqa: E402
 import bench_ops  # noqa: E402
@@ -371,3 +372,21 @@ def test_merge_runs_keeps_each_runs_fractions_in_case_order_and_rejects_a_case_t
     assert [m["file"] for m in merged["merged_from"]] == ["a.json", "b.json"]
     with pytest.raises(ValueError, match="is in both a.json and b.json"):
         merge_runs.merge([first, first], ["a.json", "b.json"])
+
+
+def test_cpu_benchmark_times_every_case_it_was_asked_for(tmp_path):
+    out = tmp_path / "cpu.json"
+    md = tmp_path / "cpu.md"
+    assert bench_cpu.main(["--ops", "silu,layernorm", "--dtypes", "fp32,bf16", "--rows", "8", "--row-length", "64",
+                           "--reps", "5", "--json", str(out), "--markdown", str(md)]) == 0
+    data = json.loads(out.read_text())
+    got = sorted((r["op"], r["dir"], r["dtype"]) for r in data["rows"])
+    assert got == sorted((op, d, t) for op in ("silu", "layernorm") for d in ("fwd", "bwd") for t in ("fp32", "bf16"))
+    assert all(r["avo_ms"] > 0 and r["torch_ms"] > 0 and r["avo_frac_copy"] > 0 for r in data["rows"])
+    assert data["copy_gbps"] > 0
+    assert md.read_text().count("\n| silu |") == 4
+
+
+def test_cpu_benchmark_names_an_unknown_op():
+    with pytest.raises(SystemExit):
+        bench_cpu.main(["--ops", "nope"])

@@ -1,7 +1,9 @@
 // The functions the spec language offers, for host and device, in two precisions.
 //
-// Functions<Exact> is libm-accurate (sigmoid: within a few ulps over its whole range, see
-// there) and is what float32 kernels (and every CPU kernel) use. Functions<Fast> is for
+// Functions<Exact> is libm-accurate and is what float32 kernels (and every CPU kernel)
+// use. On the host its exp, tanh and erf are computed from arithmetic alone, within 1, 2
+// and 2 ulps (exp_arithmetic and below), so that the CPU kernels' loops vectorize; sigmoid
+// is within a few ulps over its whole range (see there). Functions<Fast> is for
 // kernels whose results are rounded to 16 bits afterwards (float16, bfloat16): on the GPU
 // it trades the last fp32 bits, which that rounding discards anyway, for fewer
 // instructions, so those kernels stay memory-bound. Its absolute error stays below 1e-6
@@ -12,8 +14,80 @@
 #include <cmath>
 
 #include "common.h"
+#include "dtype.h"
 
 namespace avo {
+
+#if !defined(__CUDA_ARCH__)
+// e^x from arithmetic alone, for the CPU kernels: their loops vectorize where a call to
+// libm's expf would keep them one element at a time. x = n ln2 + r with |r| <= ln2/2
+// (ln2 in two parts, so that n * kLn2High is exact), e^r = 1 + r + r^2 P(r) with P fitted
+// to e^r on that interval (relative error 1.1e-9 before rounding), then times 2^n as two
+// powers of two, so that results among the subnormals are rounded once. Plain products
+// and sums, no fused multiply-add: every instruction set gives the same bits. Within an
+// ulp of e^x over every float (tests/test_cpu_math.py); inf above 88.73, 0 below -103.98,
+// NaN for NaN.
+inline float exp_arithmetic(float x) {
+  constexpr float kLog2E = 1.44269504f;
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: a sum this large has no fraction
+  constexpr float kLn2High = 0.693359375f, kLn2Low = -2.12194440e-4f;
+  const float c = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+  const float t = c * kLog2E + kRound;  // n + kRound, n = round(c / ln2) in [-150, 128]
+  const float n = t - kRound;
+  const int32_t n_int = int32_t(float_to_bits(t) - float_to_bits(kRound));
+  const float r = (c - n * kLn2High) - n * kLn2Low;
+  const float p = ((((1.982649555e-04f * r + 1.394602121e-03f) * r + 8.333429694e-03f) * r + 4.166626930e-02f) * r +
+                   1.666666567e-01f) * r + 5.000000000e-01f;
+  const float e = 1.0f + (r + (r * r) * p);
+  const int32_t half = n_int / 2;  // 2^n = 2^half * 2^(n - half), each a normal float
+  const float scale_1 = bits_to_float(uint32_t(half + 127) << 23);
+  const float scale_2 = bits_to_float(uint32_t(n_int - half + 127) << 23);
+  const float y = (e * scale_1) * scale_2;
+  return x != x ? x : y;
+}
+
+// Horner's rule: c[0] + u * (c[1] + u * (...)), plain products and sums.
+template <int N>
+inline float polynomial(float u, const float (&c)[N]) {
+  float p = c[N - 1];
+  for (int i = N - 2; i >= 0; --i) p = p * u + c[i];
+  return p;
+}
+
+// tanh x from arithmetic alone (see exp_arithmetic). |x| < 0.55: x + x^3 P(x^2), P fitted
+// to tanh on that interval (relative error 4.3e-9 before rounding); above, 1 - 2 / (e^2|x|
+// + 1), which no longer cancels. Both are computed and one chosen, so that the loops stay
+// vectorizable. Within 2 ulps of tanh over every float (tests/test_cpu_math.py).
+inline float tanh_arithmetic(float x) {
+  static constexpr float kSmall[] = {-3.333333433e-01f, 1.333331317e-01f, -5.396267772e-02f,
+                                     2.180296928e-02f,  -8.474741131e-03f, 2.464027377e-03f};
+  const float a = fabsf(x);
+  const float u = x * x;
+  const float small = x + (x * u) * polynomial(u, kSmall);
+  const float large = 1.0f - 2.0f / (exp_arithmetic(2.0f * a) + 1.0f);
+  return a < 0.55f ? small : copysignf(large, x);
+}
+
+// erf x from arithmetic alone (see exp_arithmetic). |x| < 0.875: x + x Q(x^2), Q fitted to
+// erf(x) / x - 1 (relative error 1e-8 before rounding); above, 1 - e^(-x^2) R(t) with
+// t = 1 / (1 + |x| / 2) and R fitted to erfc(x) e^(x^2) on [0.875, 4] (relative error
+// 3.2e-8; erfc is below half an ulp of 1 from 3.92 on, and R(t) stays finite as t goes to
+// 0). Both computed, one chosen. Within 2 ulps of erf over every float
+// (tests/test_cpu_math.py).
+inline float erf_arithmetic(float x) {
+  static constexpr float kSmall[] = {1.283791661e-01f,  -3.761263788e-01f, 1.128374115e-01f, -2.686196938e-02f,
+                                     5.207621492e-03f,  -8.220516029e-04f, 8.714052092e-05f};
+  static constexpr float kLarge[] = {2.685718027e-05f, 2.814717591e-01f,  2.885926664e-01f, 2.067290843e-01f,
+                                     3.382534683e-01f, -3.615582585e-01f, 8.320607543e-01f, -1.091893554e+00f,
+                                     7.009007335e-01f, -2.221163660e-01f, 2.752532065e-02f};
+  const float a = fabsf(x);
+  const float u = x * x;
+  const float small = x + x * polynomial(u, kSmall);
+  const float t = 1.0f / (1.0f + 0.5f * a);
+  const float large = 1.0f - exp_arithmetic(-u) * polynomial(t, kLarge);
+  return a < 0.875f ? small : copysignf(large, x);
+}
+#endif
 
 #if defined(__CUDA_ARCH__)
 // One hardware instruction each (MUFU.EX2, MUFU.RCP): relative error near 2^-22,
@@ -39,11 +113,22 @@ struct Functions;
 
 template <>
 struct Functions<Exact> {
-  AVO_HOST_DEVICE static float exp(float x) { return expf(x); }
+  AVO_HOST_DEVICE static float exp(float x) {
+#if defined(__CUDA_ARCH__)
+    return expf(x);
+#else
+    return exp_arithmetic(x);
+#endif
+  }
   AVO_HOST_DEVICE static float log(float x) { return logf(x); }
   AVO_HOST_DEVICE static float sqrt(float x) { return sqrtf(x); }
+#if defined(__CUDA_ARCH__)
   AVO_HOST_DEVICE static float tanh(float x) { return tanhf(x); }
   AVO_HOST_DEVICE static float erf(float x) { return erff(x); }
+#else
+  static float tanh(float x) { return tanh_arithmetic(x); }
+  static float erf(float x) { return erf_arithmetic(x); }
+#endif
   AVO_HOST_DEVICE static float abs(float x) { return fabsf(x); }
   AVO_HOST_DEVICE static float pow(float x, float y) { return powf(x, y); }
   // From e = exp(-|x|) in (0, 1]: 1 / (1 + e) for x >= 0, e / (1 + e) below, which stays
@@ -53,7 +138,7 @@ struct Functions<Exact> {
   // division checks for them and branches, and without it swish_layernorm's fp32 kernels
   // ran 1.13-1.15x faster on the H200.
   AVO_HOST_DEVICE static float sigmoid(float x) {
-    const float e = expf(-fabsf(x));
+    const float e = exp(-fabsf(x));
     const float d = 1.0f + e;
 #if defined(__CUDA_ARCH__)
     const float r0 = reciprocal_approx(d);

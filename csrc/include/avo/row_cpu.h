@@ -1,20 +1,81 @@
-// One row of a row kernel on the CPU: plain sequential loops. Sums accumulate in double
-// (cheap here, and exact enough for rows of any length).
+// One row of a row kernel on the CPU: loops over the row's elements that the compiler
+// vectorizes. Sums accumulate in double (cheap here, and exact enough for rows of any
+// length), in kSumLanes running sums (below).
 #pragma once
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
+#include "common.h"
 #include "math.h"
 #include "row_args.h"
 
 namespace avo {
 
+// Every reduction over a row keeps kSumLanes running values, element n going to lane
+// n % kSumLanes, and combines them in a fixed order at the end: independent additions
+// that the CPU overlaps and vectorizes (a single running sum waits for each addition in
+// turn). The order depends on the row length alone, so results are the same on every
+// machine, instruction set and thread count.
+constexpr int kSumLanes = 8;
+
+// out[k] = the reduction with `add` of the values v[k] that values(n, v) sets for n in
+// [0, length): element n goes to lane n % kSumLanes, the lanes are combined pairwise in a
+// fixed order at the end. Blocks of kSumBlock elements are computed first and added to
+// the lanes after: the loop that computes them then vectorizes (math and all), where one
+// that adds each value as it comes would not.
+constexpr int kSumBlock = 64;
+template <int K, typename V, typename Add, typename Values>
+inline void lane_reduce(int64_t length, V start, Add add, Values values, V (&out)[K]) {
+  static_assert(kSumBlock % kSumLanes == 0, "a block fills every lane alike");
+  V lanes[K][kSumLanes];
+  for (int k = 0; k < K; ++k)
+    for (int l = 0; l < kSumLanes; ++l) lanes[k][l] = start;
+  int64_t n = 0;
+  for (; n + kSumBlock <= length; n += kSumBlock) {
+    V block[K][kSumBlock];
+    for (int j = 0; j < kSumBlock; ++j) {
+      V v[K];
+      values(n + j, v);
+      for (int k = 0; k < K; ++k) block[k][j] = v[k];
+    }
+    for (int k = 0; k < K; ++k)
+      for (int j = 0; j < kSumBlock; j += kSumLanes)
+AVO_UNROLL
+        for (int l = 0; l < kSumLanes; ++l) lanes[k][l] = add(lanes[k][l], block[k][j + l]);
+  }
+  for (; n < length; ++n) {
+    V v[K];
+    values(n, v);
+    for (int k = 0; k < K; ++k) lanes[k][n % kSumLanes] = add(lanes[k][n % kSumLanes], v[k]);
+  }
+  for (int k = 0; k < K; ++k) {
+    for (int width = kSumLanes / 2; width > 0; width /= 2)
+      for (int l = 0; l < width; ++l) lanes[k][l] = add(lanes[k][l], lanes[k][l + width]);
+    out[k] = lanes[k][0];
+  }
+}
+
+// The same for one value a element: value(n) returns it.
+template <typename V, typename Add, typename Value>
+inline V lane_reduce(int64_t length, V start, Add add, Value value) {
+  V out[1];
+  lane_reduce(length, start, add, [&](int64_t n, V (&v)[1]) { v[0] = value(n); }, out);
+  return out[0];
+}
+
 template <typename T, typename Args>
 struct SerialRow : RowView<T, Args> {
-  using RowView<T, Args>::RowView;
   using RowView<T, Args>::args;
   using RowView<T, Args>::r;
+  // This worker's scratch rows of `length` floats (run_rows): row i < kept_values holds
+  // kept value i (at.keep / at.kept); the last one, moments' terms.
+  float* scratch;
+  int kept_values;
+
+  SerialRow(const Args& a, int64_t row, float* scratch_rows, int kept)
+      : RowView<T, Args>(a, row), scratch(scratch_rows), kept_values(kept) {}
 
   // Element n of the row, as the generated lambdas see it.
   struct At {
@@ -23,87 +84,98 @@ struct SerialRow : RowView<T, Args> {
     float load(int k) const { return row.load(k, n); }
     float load_col(int k, float missing) const { return row.load_col(k, n, missing); }
     void store(int k, float value) const { row.store(k, n, value); }
-    // Kept values (see generator/emit_row.py) are computed again in every pass here.
+    // A kept value is computed in the pass that keeps it and read back from the scratch
+    // row in the later ones (see generator/emit_row.py).
     template <typename F>
-    float keep(int, F value) const { return value(); }
+    float keep(int i, F value) const {
+      const float v = value();
+      row.scratch[i * row.args.length + n] = v;
+      return v;
+    }
     template <typename F>
-    float kept(int, F value) const { return value(); }
+    float kept(int i, F) const { return row.scratch[i * row.args.length + n]; }
   };
+  At at(int64_t n) const { return At{*this, n}; }
 
   // Every pass takes the per-column inputs it reads (Columns, row_args.h) first; the
   // CPU reads them element by element and needs no list.
   template <unsigned M, typename F>
   float sum(Columns<M>, F term) const {
-    double total = 0.0;
-    for (int64_t n = 0; n < args.length; ++n) total += term(At{*this, n});
-    return float(total);
+    return float(lane_reduce(args.length, 0.0, add_double, [&](int64_t n) { return double(term(at(n))); }));
   }
   // Several sums in one pass: out[k] = the sum of terms[k] over the row.
   template <unsigned M, int K, typename F>
   void sums(Columns<M>, float (&out)[K], F terms_at) const {
-    double total[K] = {};
-    for (int64_t n = 0; n < args.length; ++n) {
-      float terms[K];
-      terms_at(At{*this, n}, terms);
-      for (int k = 0; k < K; ++k) total[k] += terms[k];
-    }
+    double total[K];
+    lane_reduce(args.length, 0.0, add_double,
+                [&](int64_t n, double (&v)[K]) {
+                  float terms[K];
+                  terms_at(at(n), terms);
+                  for (int k = 0; k < K; ++k) v[k] = terms[k];
+                },
+                total);
     for (int k = 0; k < K; ++k) out[k] = float(total[k]);
   }
   // The sum of term over the row (out[0]) and the sum of the squares of its deviations
-  // from their mean (out[1]): two passes, in double.
+  // from their mean (out[1]): two passes in double, the second over the terms the first
+  // left in the last scratch row.
   template <unsigned M, typename F>
   void moments(Columns<M>, float (&out)[2], F term) const {
-    double total = 0.0, squares = 0.0;
-    for (int64_t n = 0; n < args.length; ++n) total += term(At{*this, n});
+    float* terms = scratch + int64_t(kept_values) * args.length;
+    const double total = lane_reduce(args.length, 0.0, add_double, [&](int64_t n) {
+      terms[n] = term(at(n));
+      return double(terms[n]);
+    });
     const double mean = args.length > 0 ? total / double(args.length) : 0.0;
-    for (int64_t n = 0; n < args.length; ++n) {
-      const double d = double(term(At{*this, n})) - mean;
-      squares += d * d;
-    }
+    const double squares = lane_reduce(args.length, 0.0, add_double, [&](int64_t n) {
+      const double d = double(terms[n]) - mean;
+      return d * d;
+    });
     out[0] = float(total);
     out[1] = float(squares);
   }
   // The sum of the squares of term, in double.
   template <unsigned M, typename F>
   float sum_squares(Columns<M>, F term) const {
-    double total = 0.0;
-    for (int64_t n = 0; n < args.length; ++n) {
-      const double t = term(At{*this, n});
-      total += t * t;
-    }
-    return float(total);
+    return float(lane_reduce(args.length, 0.0, add_double, [&](int64_t n) {
+      const double t = term(at(n));
+      return t * t;
+    }));
   }
   template <unsigned M, typename F>
   float max(Columns<M>, F term) const {
-    float best = -std::numeric_limits<float>::infinity();
-    for (int64_t n = 0; n < args.length; ++n) best = Functions<Exact>::maximum(best, term(At{*this, n}));
-    return best;
+    return lane_reduce(
+        args.length, -std::numeric_limits<float>::infinity(),
+        [](float a, float b) { return Functions<Exact>::maximum(a, b); }, [&](int64_t n) { return term(at(n)); });
   }
   template <unsigned M, typename F>
   float min(Columns<M>, F term) const {
-    float best = std::numeric_limits<float>::infinity();
-    for (int64_t n = 0; n < args.length; ++n) best = Functions<Exact>::minimum(best, term(At{*this, n}));
-    return best;
+    return lane_reduce(
+        args.length, std::numeric_limits<float>::infinity(),
+        [](float a, float b) { return Functions<Exact>::minimum(a, b); }, [&](int64_t n) { return term(at(n)); });
   }
   template <unsigned M, typename F>
   void for_each(Columns<M>, F body) const {
-    for (int64_t n = 0; n < args.length; ++n) body(At{*this, n});
+    for (int64_t n = 0; n < args.length; ++n) body(at(n));
   }
   // for_each whose body also yields the K per-column terms of its element, added to the
   // partial sums of this row's chunk (fp32, rows in order); the chunk's first row sets
   // them (the partials start uninitialised).
   template <int K, unsigned M, typename F>
   void for_each_with_column_sums(Columns<M>, F body) const {
-    const int64_t chunk = args.partials != nullptr ? r / args.rows_per_chunk : -1;
-    const bool first = args.partials != nullptr && r % args.rows_per_chunk == 0;
+    if (args.partials == nullptr) {
+      float terms[K];
+      for (int64_t n = 0; n < args.length; ++n) body(at(n), terms);
+      return;
+    }
+    const int64_t chunk = r / args.rows_per_chunk;
+    const bool first = r % args.rows_per_chunk == 0;
+    float* partials[K];
+    for (int k = 0; k < K; ++k) partials[k] = args.partials + (k * args.chunks + chunk) * args.length;
     for (int64_t n = 0; n < args.length; ++n) {
       float terms[K];
-      body(At{*this, n}, terms);
-      if (chunk < 0) continue;
-      for (int k = 0; k < K; ++k) {
-        float& partial = args.partials[(k * args.chunks + chunk) * args.length + n];
-        partial = first ? terms[k] : partial + terms[k];
-      }
+      body(at(n), terms);
+      for (int k = 0; k < K; ++k) partials[k][n] = first ? terms[k] : partials[k][n] + terms[k];
     }
   }
   void store_row(int k, float value) const { static_cast<T*>(args.outputs[k])[r] = Element<T>::from_float(value); }
@@ -111,6 +183,9 @@ struct SerialRow : RowView<T, Args> {
   void store_row_f32(int k, float value) const {
     if (args.outputs[k] != nullptr) static_cast<float*>(args.outputs[k])[r] = value;
   }
+
+ private:
+  static double add_double(double a, double b) { return a + b; }
 };
 
 }  // namespace avo
@@ -121,21 +196,25 @@ namespace avo {
 
 // Rows [begin, end), in order.
 template <typename T, typename Args, typename Math>
-void run_rows(const Args& args, const Math& math, int64_t begin, int64_t end) {
-  for (int64_t r = begin; r < end; ++r) math.template apply<Exact>(SerialRow<T, Args>(args, r));
+AVO_CPU_KERNEL void run_rows(const Args& args, const Math& math, int64_t begin, int64_t end) {
+  std::vector<float> scratch(size_t(Math::kKeptValues + 1) * size_t(args.length));
+  for (int64_t r = begin; r < end; ++r)
+    math.template apply<Exact>(SerialRow<T, Args>(args, r, scratch.data(), Math::kKeptValues));
 }
 
 // Column totals (avo/row_args.h), columns [begin, end): each source's rows added in order.
 template <typename T>
-void run_column_totals(const ColumnTotals& totals, int64_t begin, int64_t end) {
+AVO_CPU_KERNEL void run_column_totals(const ColumnTotals& totals, int64_t begin, int64_t end) {
+  std::vector<float> column(size_t(end > begin ? end - begin : 0));
   for (int k = 0; k < totals.count; ++k) {
     T* out = static_cast<T*>(totals.targets[k]);
     if (out == nullptr) continue;
-    for (int64_t n = begin; n < end; ++n) {
-      float total = 0.0f;
-      for (int64_t r = 0; r < totals.rows; ++r) total += totals.sources[k][r * totals.length + n];
-      out[n] = Element<T>::from_float(total);
+    for (float& total : column) total = 0.0f;
+    for (int64_t r = 0; r < totals.rows; ++r) {
+      const float* source = totals.sources[k] + r * totals.length;
+      for (int64_t n = begin; n < end; ++n) column[n - begin] += source[n];
     }
+    for (int64_t n = begin; n < end; ++n) out[n] = Element<T>::from_float(column[n - begin]);
   }
 }
 

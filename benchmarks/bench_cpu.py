@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""The CPU kernels against torch's own CPU kernels: every op of bench_cases.py, forward and
+backward, on one shape.
+
+Each case is timed as the median wall time of --reps calls (time.perf_counter around the
+call; CPU calls return when their work is done), avo and torch eager alternating in
+blocks of --reps / 5 calls so that slow drifts of the machine affect both alike. The
+copy bandwidth of the machine (x.clone() of a float32 tensor of the same bytes as the
+case's traffic, at most 256 MiB) is measured in the same run, and each result is given
+as GB/s and as a fraction of it. The inputs of the default shape (4096 x 1024) are 16 MiB
+in float32 per tensor: larger than the last-level cache of a small machine, not of a large
+server's; pass --rows for more.
+
+Usage:
+    python benchmarks/bench_cpu.py [--ops gelu,layernorm] [--dtypes fp32,bf16] [--rows 4096]
+        [--row-length 1024] [--reps 50] [--threads N] [--json PATH] [--markdown PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_cases  # noqa: E402  (the ops' calls, inputs and traffic)
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+BLOCKS = 5
+
+
+def median_times(calls, args, reps: int, warmup: int = 3) -> list[float]:
+    """Median seconds of each call in `calls` on `args`, measured in alternating blocks."""
+    for call in calls:
+        for _ in range(warmup):
+            call(*args)
+    times: list[list[float]] = [[] for _ in calls]
+    per_block = max(1, reps // BLOCKS)
+    for _ in range(BLOCKS):
+        for i, call in enumerate(calls):
+            for _ in range(per_block):
+                start = time.perf_counter()
+                call(*args)
+                times[i].append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
+
+
+def copy_gbps(nbytes: int, reps: int) -> float:
+    """GB/s of x.clone() on a float32 tensor of nbytes (read once, written once)."""
+    x = torch.empty(max(1, min(nbytes, 256 << 20) // 2 // 4), dtype=torch.float32).normal_()
+    (seconds,) = median_times([torch.clone], (x,), reps)
+    return 2 * x.numel() * 4 / seconds / 1e9
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ops", help="comma-separated op names (default: all but gelu_tanh)")
+    p.add_argument("--dirs", default="fwd,bwd", help="fwd, bwd or both (default: fwd,bwd)")
+    p.add_argument("--dtypes", default="fp32,bf16", help="comma-separated (default: fp32,bf16)")
+    p.add_argument("--rows", type=int, default=4096)
+    p.add_argument("--row-length", type=int, default=1024)
+    p.add_argument("--reps", type=int, default=50, help="timed calls per implementation (default 50)")
+    p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    p.add_argument("--markdown", metavar="PATH", help="write the table as Markdown")
+    args = p.parse_args(argv)
+
+    import avo_ops  # noqa: F401  (registers torch.ops.avo)
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    ops = args.ops.split(",") if args.ops else [op for op in bench_cases.op_names() if op != "gelu_tanh"]
+    unknown = sorted(set(ops) - set(bench_cases.op_names()))
+    if unknown:
+        p.error(f"unknown op(s) {', '.join(unknown)}; known: {', '.join(bench_cases.op_names())}")
+    cases = bench_cases.select(ops, args.dirs.split(","))
+    dtypes = args.dtypes.split(",")
+    shape = (args.rows, args.row_length)
+
+    copy = copy_gbps(4 * args.rows * args.row_length * 2, args.reps)
+    print(f"threads {torch.get_num_threads()}, shape {shape}, copy {copy:.1f} GB/s", file=sys.stderr)
+    rows = []
+    total = len(cases) * len(dtypes)
+    for i, case in enumerate(cases):
+        for dtype_name in dtypes:
+            dtype = DTYPES[dtype_name]
+            layout = case.layout(shape)
+            torch.manual_seed(0)
+            inputs = case.make_inputs(layout, dtype, torch.device("cpu"))
+            avo_s, torch_s = median_times([case.avo, case.eager], inputs, args.reps)
+            nbytes = case.nbytes(layout, dtype)
+            row = {"op": case.op, "dir": case.direction, "dtype": dtype_name, "shape": list(layout),
+                   "avo_ms": avo_s * 1e3, "torch_ms": torch_s * 1e3, "avo_over_torch": avo_s / torch_s,
+                   "avo_gbps": nbytes / avo_s / 1e9, "avo_frac_copy": nbytes / avo_s / 1e9 / copy}
+            rows.append(row)
+            done = len(rows)
+            print(f"[{done}/{total}] {case.label:22s} {dtype_name}  avo {row['avo_ms']:7.2f} ms  "
+                  f"torch {row['torch_ms']:7.2f} ms  avo/torch {row['avo_over_torch']:5.2f}", file=sys.stderr)
+
+    header = ("| op | dir | dtype | avo ms | torch ms | avo / torch | avo GB/s | of copy |\n"
+              "|---|---|---|---:|---:|---:|---:|---:|\n")
+    table = header + "".join(
+        f"| {r['op']} | {r['dir']} | {r['dtype']} | {r['avo_ms']:.2f} | {r['torch_ms']:.2f} | "
+        f"{r['avo_over_torch']:.2f} | {r['avo_gbps']:.1f} | {r['avo_frac_copy']:.2f} |\n" for r in rows)
+    print(table)
+    meta = {"date": datetime.date.today().isoformat(), "torch": torch.__version__, "python": platform.python_version(),
+            "machine": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+            "copy_gbps": copy, "reps": args.reps, "command": " ".join(["python", *sys.argv])}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({**meta, "rows": rows}, f, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(f"CPU kernels against torch's, {meta['date']}, torch {meta['torch']}, "
+                    f"{meta['threads']} threads, copy {copy:.1f} GB/s.\n\n`{meta['command']}`\n\n{table}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""The arithmetic functions of the CPU kernels (csrc/include/avo/math.h) against the C
+library's double-precision ones, by the checker in tests/cpp/check_cpu_math.cpp, compiled
+with the C++ compiler and the flags of the kernels; and the ops that use them at the ends
+of their ranges, against float64 torch."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+import avo_ops  # noqa: F401  (registers torch.ops.avo)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Every 32nd float, and every float near the ends of each range: about 6 s for the three
+# functions.
+STRIDE = 32
+
+
+@pytest.fixture(scope="module")
+def checker(tmp_path_factory):
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no C++ compiler to build tests/cpp/check_cpu_math.cpp with")
+    binary = str(tmp_path_factory.mktemp("cpu_math") / "check_cpu_math")
+    subprocess.run([compiler, "-O3", "-std=c++17", "-ffp-contract=off", "-I", os.path.join(REPO, "csrc", "include"),
+                    os.path.join(REPO, "tests", "cpp", "check_cpu_math.cpp"), "-o", binary], check=True)
+    return binary
+
+
+def test_exp_tanh_and_erf_are_within_their_ulp_bounds(checker):
+    """exp within 1 ulp of the rounded double result, tanh and erf within 2 (the bounds are
+    in the checker)."""
+    result = subprocess.run([checker, str(STRIDE)], capture_output=True, text=True)
+    print(result.stdout)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [line.split(":")[0] for line in result.stdout.splitlines()] == ["exp", "tanh", "erf"]
+
+
+def test_softmax_and_silu_at_the_ends_of_exps_range():
+    """exp's results among the subnormals and its underflow to zero through softmax (exp of
+    x - max); silu (exp of -|x|) down to where sigmoid(x) leaves the normal floats (below
+    that, x * sigmoid(x) in fp32 loses the bits any fp32 sigmoid loses), with infinities
+    and NaN."""
+    x = torch.cat([torch.linspace(-87.0, 95.0, 4097), torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0])])
+    got = torch.ops.avo.silu(x)
+    want = torch.nn.functional.silu(x.double()).float()
+    # A few ulps: the product of x and a sigmoid within a few ulps.
+    torch.testing.assert_close(got, want, rtol=5e-7, atol=0.0, equal_nan=True)
+
+    rows = torch.stack([torch.linspace(-104.0, 0.0, 1001), torch.linspace(-90.0, -86.0, 1001)])
+    got = torch.ops.avo.softmax(rows)
+    want = torch.softmax(rows.double(), dim=-1)
+    # Results among the subnormals keep fewer bits: bounded absolutely, by two of the
+    # smallest.
+    torch.testing.assert_close(got.double(), want, rtol=5e-7, atol=3e-45)
