@@ -21,8 +21,11 @@
 // compiled, and vectorized, for that instruction set too. The copies give the same bits:
 // the build passes -ffp-contract=off, so a fused multiply-add is only ever the one the
 // generated math asks for (F::fma), which every instruction set rounds alike.
+// A build may define it itself (-DAVO_CPU_KERNEL= for one copy, compiled for -march).
+#if !defined(AVO_CPU_KERNEL)
 #if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && defined(__x86_64__) && defined(__linux__)
 #define AVO_CPU_KERNEL __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), flatten))
 #else
 #define AVO_CPU_KERNEL
+#endif
 #endif
