@@ -23,7 +23,11 @@
 // generated math asks for (F::fma), which every instruction set rounds alike.
 // A build may define it itself (-DAVO_CPU_KERNEL= for one copy, compiled for -march).
 #if !defined(AVO_CPU_KERNEL)
-#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && defined(__x86_64__) && defined(__linux__)
+// GCC 12 or later: its clones of an x86-64 level are chosen by the features the CPU has
+// (earlier ones may not take the levels' names). Elsewhere the one copy is compiled for
+// the target the build gives.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && !defined(__CUDACC__) && defined(__x86_64__) && \
+    defined(__linux__)
 #define AVO_CPU_KERNEL __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), flatten))
 #else
 #define AVO_CPU_KERNEL

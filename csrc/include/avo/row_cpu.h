@@ -57,7 +57,7 @@ AVO_UNROLL
   }
 }
 
-// The same for one value a element: value(n) returns it.
+// The same for one value an element: value(n) returns it.
 template <typename V, typename Add, typename Value>
 inline V lane_reduce(int64_t length, V start, Add add, Value value) {
   V out[1];
