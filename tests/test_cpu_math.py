@@ -1,7 +1,8 @@
 """The arithmetic functions of the CPU kernels (csrc/include/avo/math.h) against the C
-library's double-precision ones, by the checker in tests/cpp/check_cpu_math.cpp, compiled
-with the C++ compiler and the flags of the kernels; and the ops that use them at the ends
-of their ranges, against float64 torch."""
+library's double-precision ones, and their float16 conversions (avo/dtype.h) against the
+compiler's _Float16, by the checker in tests/cpp/check_cpu_math.cpp, compiled with the C++
+compiler and the flags of the kernels; and the ops that use the functions at the ends of
+their ranges, against float64 torch."""
 from __future__ import annotations
 
 import os
@@ -37,6 +38,18 @@ def test_exp_tanh_and_erf_are_within_their_ulp_bounds(checker):
     print(result.stdout)
     assert result.returncode == 0, result.stdout + result.stderr
     assert [line.split(":")[0] for line in result.stdout.splitlines()] == ["exp", "tanh", "erf"]
+
+
+def test_float16_conversions_round_as_the_compilers_float16(checker):
+    """Every half to float, and float to half on every 64th float and every float near the
+    rounding boundaries (subnormal halves, the largest half, infinity): the same bits as
+    the compiler's _Float16 (round to nearest, ties to even), any NaN for a NaN."""
+    result = subprocess.run([checker, "64", "half"], capture_output=True, text=True)
+    print(result.stdout)
+    if result.returncode == 3:
+        pytest.skip("this C++ compiler has no _Float16 to compare with")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith("half: ")
 
 
 def test_softmax_and_silu_at_the_ends_of_exps_range():

@@ -1,8 +1,10 @@
 // Checks the CPU kernels' arithmetic functions (avo/math.h) against the C library's
-// double-precision ones over float inputs; tests/test_cpu_math.py compiles and runs it
-// with the kernels' flags. Usage: check_cpu_math STRIDE. Every STRIDE-th float is
-// checked, and every float near the ends of the ranges. It prints one line a function and
-// exits 1 when one is further than its bound from the rounded double result.
+// double-precision ones over float inputs, and their float16 conversions (avo/dtype.h)
+// against the compiler's _Float16; tests/test_cpu_math.py compiles and runs it with the
+// kernels' flags. Usage: check_cpu_math STRIDE [functions|half]. Every STRIDE-th float is
+// checked, and every float near the ends of the ranges. It prints one line a check and
+// exits 1 when one fails: a function further than its bound from the rounded double
+// result, a conversion that differs from _Float16's (3 when this compiler has none).
 #include <avo/math.h>
 
 #include <cmath>
@@ -64,9 +66,50 @@ bool report(const char* name, const Result& res, int64_t bound) {
 
 }  // namespace
 
+// Float16 conversions: every half to float, and float to half (round to nearest, ties to
+// even; NaN to a quiet NaN) on every stride-th float and every float near the rounding
+// boundaries (the subnormal halves, the largest half, infinity).
+int check_half(uint64_t stride) {
+#if defined(__FLT16_MAX__)
+  int64_t checked = 0, wrong = 0;
+  for (uint32_t bits = 0; bits < 65536; ++bits) {
+    _Float16 h;
+    const uint16_t b16 = uint16_t(bits);
+    std::memcpy(&h, &b16, sizeof h);
+    const float want = float(h), got = avo::Element<avo::Half>::to_float(avo::Half{b16});
+    ++checked;
+    if (avo::float_to_bits(want) != avo::float_to_bits(got) && !(std::isnan(want) && std::isnan(got))) ++wrong;
+  }
+  auto to_half = [&](float x) {
+    const _Float16 h = _Float16(x);
+    uint16_t want;
+    std::memcpy(&want, &h, sizeof want);
+    const uint16_t got = avo::Element<avo::Half>::from_float(x).bits;
+    const bool both_nan = (want & 0x7fffu) > 0x7c00u && (got & 0x7fffu) > 0x7c00u;
+    ++checked;
+    if (got != want && !both_nan) ++wrong;
+  };
+  for (uint64_t bits = 0; bits < (uint64_t(1) << 32); bits += stride) to_half(avo::bits_to_float(uint32_t(bits)));
+  constexpr int64_t kEdge = 1 << 16;
+  for (float e : {0.0f, 5.9604645e-08f, 6.1035156e-05f, 65504.0f, 65520.0f}) {
+    for (float sign : {1.0f, -1.0f}) {
+      const int64_t center = avo::float_to_bits(e * sign);
+      for (int64_t b = center - kEdge; b <= center + kEdge; ++b) to_half(avo::bits_to_float(uint32_t(b)));
+    }
+  }
+  std::printf("half: %lld conversions, %lld differ from _Float16's\n", (long long)checked, (long long)wrong);
+  return wrong == 0 ? 0 : 1;
+#else
+  (void)stride;
+  std::printf("half: this compiler has no _Float16\n");
+  return 3;
+#endif
+}
+
 int main(int argc, char** argv) {
   const uint64_t stride = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 1;
   if (stride == 0) return 2;
+  if (argc > 2 && std::strcmp(argv[2], "half") == 0) return check_half(stride);
   bool ok = true;
   // The ends of exp's range: overflow, the subnormal results, underflow to zero, 0.
   const Result exp = check_all(

@@ -85,7 +85,11 @@ struct Element<Half> {
     if (magnitude >= 0x477ff000u) return Half{uint16_t(sign | 0x7c00u)};  // rounds to infinity
     if (magnitude < 0x38800000u) {  // below 2^-14: a subnormal half, in units of 2^-24
       const float units = bits_to_float(magnitude) * 16777216.0f;  // exact: a power-of-two scale
-      return Half{uint16_t(sign | uint32_t(std::nearbyint(units)))};  // ties to even
+      // Rounded to an integer, ties to even, by adding and taking away 2^23 (floats that
+      // large have no fraction): plain arithmetic, which vectorizes where nearbyint may be
+      // a call into libm.
+      const float rounded = (units + 8388608.0f) - 8388608.0f;
+      return Half{uint16_t(sign | uint32_t(rounded))};
     }
     uint32_t half_bits = ((magnitude >> 23) - 112u) << 10 | ((magnitude >> 13) & 0x3ffu);
     const uint32_t dropped = magnitude & 0x1fffu;
