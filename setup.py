@@ -89,12 +89,13 @@ def extension():
     # (F::fma). The CPU kernels are compiled for several instruction sets (AVO_CPU_KERNEL,
     # avo/common.h) that must give the same bits, and one expression evaluated in several
     # passes over a row must agree (as -fmad=false below, for the CUDA kernels).
-    cxx_flags = ["-O3", "-ffp-contract=off", *openmp_flags()]
+    openmp = openmp_flags()
+    cxx_flags = ["-O3", "-ffp-contract=off", *openmp]
     # Some toolchains link libstdc++ statically. Its symbols must then stay private to the
     # extension: exported, the process's own libstdc++ (torch's) would take over some of
     # them (its locale tables, say) and formatting a number in an error message crashes.
     link_flags = ["-Wl,--exclude-libs,ALL"] if sys.platform.startswith("linux") else []
-    link_flags += openmp_flags()
+    link_flags += openmp
     if not cuda:
         return CppExtension("avo_ops._C", sources, include_dirs=include_dirs, extra_compile_args={"cxx": cxx_flags},
                             extra_link_args=link_flags)

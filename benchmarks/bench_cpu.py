@@ -2,9 +2,9 @@
 """The CPU kernels against torch's own CPU kernels: every op of bench_cases.py, forward and
 backward, on one shape.
 
-Each case is timed as the median wall time of --reps calls (time.perf_counter around the
-call; CPU calls return when their work is done), avo and torch eager alternating in
-blocks of --reps / 5 calls so that slow drifts of the machine affect both alike. The
+Each case is timed as the median wall time of --reps calls (CPU calls return when their
+work is done), avo and torch eager alternating in blocks so that slow drifts of the
+machine affect both alike: bench_host_overhead.py's timing (time_steps), on the CPU. The
 copy bandwidth of the machine (a float32 tensor copied into another, as many bytes as
 a case's traffic, at most 256 MiB) is measured in the same run, and each result is given
 as GB/s and as a fraction of it. The ops allocate their outputs in every call, as torch's
@@ -25,31 +25,22 @@ import os
 import platform
 import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_cases  # noqa: E402  (the ops' calls, inputs and traffic)
+import bench_host_overhead  # noqa: E402  (its alternating-block timing)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-BLOCKS = 5
+CPU = torch.device("cpu")
+WARMUP = 3
 
 
-def median_times(calls, args, reps: int, warmup: int = 3) -> list[float]:
-    """Median seconds of each call in `calls` on `args`, measured in alternating blocks."""
-    for call in calls:
-        for _ in range(warmup):
-            call(*args)
-    times: list[list[float]] = [[] for _ in calls]
-    per_block = max(1, reps // BLOCKS)
-    for _ in range(BLOCKS):
-        for i, call in enumerate(calls):
-            for _ in range(per_block):
-                start = time.perf_counter()
-                call(*args)
-                times[i].append(time.perf_counter() - start)
-    return [statistics.median(t) for t in times]
+def median_seconds(steps: dict[str, bench_host_overhead.Step], reps: int) -> dict[str, float]:
+    """Median seconds of each step, timed in alternating blocks."""
+    times = bench_host_overhead.time_steps(steps, reps, WARMUP, sync_every=reps, device=CPU)
+    return {name: statistics.median(us) / 1e6 for name, us in times.items()}
 
 
 def copy_gbps(nbytes: int, reps: int) -> float:
@@ -58,7 +49,7 @@ def copy_gbps(nbytes: int, reps: int) -> float:
     from call to call more than the copy does)."""
     x = torch.empty(max(1, min(nbytes, 256 << 20) // 2 // 4), dtype=torch.float32).normal_()
     y = torch.empty_like(x)
-    (seconds,) = median_times([lambda: y.copy_(x)], (), reps)
+    seconds = median_seconds({"copy": bench_host_overhead.Step(lambda: y.copy_(x))}, reps)["copy"]
     return 2 * x.numel() * 4 / seconds / 1e9
 
 
@@ -96,8 +87,10 @@ def main(argv=None) -> int:
             dtype = DTYPES[dtype_name]
             layout = case.layout(shape)
             torch.manual_seed(0)
-            inputs = case.make_inputs(layout, dtype, torch.device("cpu"))
-            avo_s, torch_s = median_times([case.avo, case.eager], inputs, args.reps)
+            inputs = case.make_inputs(layout, dtype, CPU)
+            seconds = median_seconds({"avo": bench_host_overhead.forward_step(case.avo, inputs),
+                                      "torch": bench_host_overhead.forward_step(case.eager, inputs)}, args.reps)
+            avo_s, torch_s = seconds["avo"], seconds["torch"]
             nbytes = case.nbytes(layout, dtype)
             row = {"op": case.op, "dir": case.direction, "dtype": dtype_name, "shape": list(layout),
                    "avo_ms": avo_s * 1e3, "torch_ms": torch_s * 1e3, "avo_over_torch": avo_s / torch_s,

@@ -43,18 +43,22 @@ void check_one(Result& res, float x, Got got, Want want) {
   }
 }
 
-// Every stride-th bit pattern, and every one within `edge` patterns of each listed value.
-template <typename Got, typename Want>
-Result check_all(uint64_t stride, Got got, Want want, std::initializer_list<float> edges) {
-  Result res;
-  for (uint64_t bits = 0; bits < (uint64_t(1) << 32); bits += stride)
-    check_one(res, avo::bits_to_float(uint32_t(bits)), got, want);
+// visit(x) for every stride-th float bit pattern, and every one within 2^16 patterns of
+// each listed value.
+template <typename Visit>
+void for_each_float(uint64_t stride, std::initializer_list<float> edges, Visit visit) {
+  for (uint64_t bits = 0; bits < (uint64_t(1) << 32); bits += stride) visit(avo::bits_to_float(uint32_t(bits)));
   constexpr int64_t kEdge = 1 << 16;
   for (float e : edges) {
     const int64_t center = avo::float_to_bits(e);
-    for (int64_t b = center - kEdge; b <= center + kEdge; ++b)
-      check_one(res, avo::bits_to_float(uint32_t(b)), got, want);
+    for (int64_t b = center - kEdge; b <= center + kEdge; ++b) visit(avo::bits_to_float(uint32_t(b)));
   }
+}
+
+template <typename Got, typename Want>
+Result check_all(uint64_t stride, Got got, Want want, std::initializer_list<float> edges) {
+  Result res;
+  for_each_float(stride, edges, [&](float x) { check_one(res, x, got, want); });
   return res;
 }
 
@@ -89,14 +93,10 @@ int check_half(uint64_t stride) {
     ++checked;
     if (got != want && !both_nan) ++wrong;
   };
-  for (uint64_t bits = 0; bits < (uint64_t(1) << 32); bits += stride) to_half(avo::bits_to_float(uint32_t(bits)));
-  constexpr int64_t kEdge = 1 << 16;
-  for (float e : {0.0f, 5.9604645e-08f, 6.1035156e-05f, 65504.0f, 65520.0f}) {
-    for (float sign : {1.0f, -1.0f}) {
-      const int64_t center = avo::float_to_bits(e * sign);
-      for (int64_t b = center - kEdge; b <= center + kEdge; ++b) to_half(avo::bits_to_float(uint32_t(b)));
-    }
-  }
+  for_each_float(stride,
+                 {0.0f, -0.0f, 5.9604645e-08f, -5.9604645e-08f, 6.1035156e-05f, -6.1035156e-05f, 65504.0f,
+                  -65504.0f, 65520.0f, -65520.0f},
+                 to_half);
   std::printf("half: %lld conversions, %lld differ from _Float16's\n", (long long)checked, (long long)wrong);
   return wrong == 0 ? 0 : 1;
 #else

@@ -19,6 +19,14 @@
 namespace avo {
 
 #if !defined(__CUDA_ARCH__)
+// Horner's rule: c[0] + u * (c[1] + u * (...)), plain products and sums.
+template <int N>
+inline float polynomial(float u, const float (&c)[N]) {
+  float p = c[N - 1];
+  for (int i = N - 2; i >= 0; --i) p = p * u + c[i];
+  return p;
+}
+
 // e^x from arithmetic alone, for the CPU kernels: their loops vectorize where a call to
 // libm's expf would keep them one element at a time. x = n ln2 + r with |r| <= ln2/2
 // (ln2 in two parts, so that n * kLn2High is exact), e^r = 1 + r + r^2 P(r) with P fitted
@@ -36,22 +44,15 @@ inline float exp_arithmetic(float x) {
   const float n = t - kRound;
   const int32_t n_int = int32_t(float_to_bits(t) - float_to_bits(kRound));
   const float r = (c - n * kLn2High) - n * kLn2Low;
-  const float p = ((((1.982649555e-04f * r + 1.394602121e-03f) * r + 8.333429694e-03f) * r + 4.166626930e-02f) * r +
-                   1.666666567e-01f) * r + 5.000000000e-01f;
+  static constexpr float kP[] = {5.000000000e-01f, 1.666666567e-01f, 4.166626930e-02f,
+                                 8.333429694e-03f, 1.394602121e-03f, 1.982649555e-04f};
+  const float p = polynomial(r, kP);
   const float e = 1.0f + (r + (r * r) * p);
   const int32_t half = n_int / 2;  // 2^n = 2^half * 2^(n - half), each a normal float
   const float scale_1 = bits_to_float(uint32_t(half + 127) << 23);
   const float scale_2 = bits_to_float(uint32_t(n_int - half + 127) << 23);
   const float y = (e * scale_1) * scale_2;
   return x != x ? x : y;
-}
-
-// Horner's rule: c[0] + u * (c[1] + u * (...)), plain products and sums.
-template <int N>
-inline float polynomial(float u, const float (&c)[N]) {
-  float p = c[N - 1];
-  for (int i = N - 2; i >= 0; --i) p = p * u + c[i];
-  return p;
 }
 
 // tanh x from arithmetic alone (see exp_arithmetic). |x| < 0.55: x + x^3 P(x^2), P fitted
