@@ -19,6 +19,13 @@ inputs only (swish_layernorm's x * sigmoid(x)) is a *kept value*: the first pass
 it with `at.keep(h, value)`, the later ones take it with `at.kept(h, value)`. A row that
 holds the row in registers stores it there and computes it once; the others call
 `value` again.
+
+A costly value that several passes need and that depends on per-row values too
+(softmax's exp(x - max), in its sum and in its output), or that a kernel's register rows
+have no room for (channel_norm's backward with swish: sigmoid(x)), is a *host-kept value*
+(`at.keep_on_host(h, value)` / `at.kept_on_host(h, value)`): the CPU rows keep it in a
+scratch row like the others; the GPU rows compute it again in every pass, since their
+registers are sized for the kept values alone.
 """
 from __future__ import annotations
 
@@ -163,13 +170,11 @@ class RowProgram:
         self.leaf_names.update({name: name for name, _ in kernel.scalars})
         self.input_index = {i.name: k for k, i in enumerate(kernel.inputs)}
         self.domains = {i.name: i.domain for i in kernel.inputs}
-        self.kept = self._kept_values() if self._has_room_to_keep() else []
-        self.kept_names = []
-        for node in self.kept:
-            preferred = self.spec_names.get(node)
-            name = preferred if preferred and preferred not in self.taken else _fresh(self.taken, "kept")
-            self.taken.add(name)
-            self.kept_names.append(name)
+        element_only = self._element_only()
+        self.kept = self._shared_costly_values(element_only) if self._has_room_to_keep() else []
+        self.host_kept = self._shared_costly_values(lambda n: n.domain == "elem", settled=self.kept)
+        self.kept_names = [self._kept_name(node) for node in self.kept]
+        self.host_kept_names = [self._kept_name(node) for node in self.host_kept]
         self.kept_started: set[int] = set()  # kept values some pass computed already
 
     # -- kept values -------------------------------------------------------------
@@ -250,16 +255,15 @@ class RowProgram:
         passes.append([n.args[0] if n.op == "colsum" else n for n in last])
         return [p for p in passes if p]
 
-    def _kept_values(self) -> list[Node]:
-        """The per-element values worth computing once per element (see the module
-        docstring): the largest subexpressions of the element inputs alone that need a
-        COSTLY_OPS operation whatever their `where` conditions say, that every element
-        computes (not only one branch of a where), and that two or more passes read. A
-        kept value is read whole: where a pass also needs a costly part of it on its own
-        (swish_layernorm's backward: sigmoid(x) in x * sigmoid(x) - mean, and alone in
-        the gradient of x), those parts are kept instead, so that no pass computes them
-        again. A value computed in one branch of a where on an element's value is not
-        kept (a where on a bool attribute is gone: each value has its own struct)."""
+    def _kept_name(self, node: Node) -> str:
+        """The C++ name of a kept value: its name in the spec where it has one."""
+        preferred = self.spec_names.get(node)
+        name = preferred if preferred and preferred not in self.taken else _fresh(self.taken, "kept")
+        self.taken.add(name)
+        return name
+
+    def _element_only(self):
+        """node -> whether it depends on per-element inputs (and constants) alone."""
         element_only: dict[int, bool] = {}
 
         def only_elements(node: Node) -> bool:
@@ -272,11 +276,27 @@ class RowProgram:
                     element_only[id(node)] = node.op not in REDUCTION_OPS and all(only_elements(a) for a in node.args)
             return element_only[id(node)]
 
+        return only_elements
+
+    def _shared_costly_values(self, may_keep, settled: list[Node] = ()) -> list[Node]:
+        """The per-element values worth computing once per element (see the module
+        docstring): the largest subexpressions for which may_keep(node) holds that need a
+        COSTLY_OPS operation whatever their `where` conditions say, that every element
+        computes (not only one branch of a where), and that two or more passes read. A
+        kept value is read whole: where a pass also needs a costly part of it on its own
+        (swish_layernorm's backward: sigmoid(x) in x * sigmoid(x) - mean, and alone in
+        the gradient of x), those parts are kept instead, so that no pass computes them
+        again. A value computed in one branch of a where on an element's value is not
+        kept (a where on a bool attribute is gone: each value has its own struct).
+        `settled`: values kept already, which cost nothing and are not looked into."""
+        settled_ids = {id(n) for n in settled}
         cost: dict[int, bool] = {}
 
         def costly(node: Node) -> bool:  # costly on every path: where(c, a, b) only if a and b are
             if id(node) not in cost:
-                if node.op in COSTLY_OPS:
+                if id(node) in settled_ids:
+                    cost[id(node)] = False
+                elif node.op in COSTLY_OPS:
                     cost[id(node)] = True
                 elif node.op == "where":
                     cost[id(node)] = costly(node.args[1]) and costly(node.args[2])
@@ -285,7 +305,8 @@ class RowProgram:
             return cost[id(node)]
 
         def always_computed(roots: list[Node], stop: Node | None = None) -> list[Node]:
-            # not only in a branch of a where; `stop` is reached but not entered
+            # not only in a branch of a where; `stop` is reached but not entered, nor are a
+            # reduction (an earlier pass computed it) and a settled value
             seen, stack, found = set(), list(roots), []
             while stack:
                 node = stack.pop()
@@ -293,12 +314,12 @@ class RowProgram:
                     continue
                 seen.add(id(node))
                 found.append(node)
-                if node is not stop:
+                if node is not stop and id(node) not in settled_ids and node.op not in REDUCTION_OPS:
                     stack += node.args[:1] if node.op == "where" else node.args
             return found
 
         def worth_keeping(node: Node) -> bool:
-            return bool(node.args) and only_elements(node) and costly(node)
+            return bool(node.args) and may_keep(node) and costly(node)
 
         passes = self._passes()
         uses: dict[int, int] = {}
@@ -324,25 +345,30 @@ class RowProgram:
             todo += [n for k, n in alone.items() if k not in below and all(n is not t for t in todo + kept)]
         return kept
 
-    def _kept_lines(self, order: list[Node], loaded_outside: list[Node]) -> list[str]:
-        """The kept values this pass reads (`order`: its nodes), each computed by a lambda
-        that loads what it reads and the pass does not load outside it (so that a row
-        that kept the value reads no input for it)."""
+    def _kept_lines(self, order: list[Node], loaded_outside: list[Node], known: dict[int, str]) -> list[str]:
+        """The kept values this pass reads (`order`: its nodes), then its host-kept ones,
+        each computed by a lambda that loads what it reads and the pass does not load
+        outside it (so that a row that kept the value reads no input for it). `known`:
+        the names of what is computed already, kept values included."""
         lines = []
-        for h, node in enumerate(self.kept):
-            if not any(n is node for n in order):
-                continue
-            call = "kept" if id(node) in self.kept_started else "keep"
-            self.kept_started.add(id(node))
-            printer = ScopePrinter({"value": node}, self.known, self.leaf_names, self.spec_names,
-                                   self.taken | set(self.kept_names), self.fusable)
-            outside = {id(n) for n in loaded_outside}
-            body = self._loads([n for n in printer.order if id(n) not in outside]) + printer.lines()
-            root = "const float value = "
-            assert body[-1].startswith(root), body[-1]  # ScopePrinter declares its root last
-            body[-1] = "return " + body[-1][len(root):]
-            lines.append(f"const float {self.kept_names[h]} = at.{call}({h}, [&] {{")
-            lines += [f"  {line}" for line in body] + ["});"]
+        outside = {id(n) for n in loaded_outside}
+        for values, names, suffix in ((self.kept, self.kept_names, ""),
+                                      (self.host_kept, self.host_kept_names, "_on_host")):
+            for h, node in enumerate(values):
+                if not any(n is node for n in order):
+                    continue
+                call = "kept" if id(node) in self.kept_started else "keep"
+                self.kept_started.add(id(node))
+                inner = {k: v for k, v in known.items() if k != id(node)}
+                printer = ScopePrinter({"value": node}, inner, self.leaf_names, self.spec_names,
+                                       self.taken | set(self.kept_names) | set(self.host_kept_names), self.fusable)
+                loads = self._loads([n for n in printer.order if id(n) not in outside])
+                body = loads + printer.lines()
+                root = "const float value = "
+                assert body[-1].startswith(root), body[-1]  # ScopePrinter declares its root last
+                body[-1] = "return " + body[-1][len(root):]
+                lines.append(f"const float {names[h]} = at.{call}{suffix}({h}, [&] {{")
+                lines += [f"  {line}" for line in body] + ["});"]
         return lines
 
     # -- helpers ----------------------------------------------------------------
@@ -402,11 +428,11 @@ class RowProgram:
         columns tag."""
         full_order = topological_order(roots.values(), stop=self.known)
         known = dict(self.known)
-        known.update({id(n): name for n, name in zip(self.kept, self.kept_names)})
+        known.update({id(n): name for n, name in zip(self.kept + self.host_kept, self.kept_names + self.host_kept_names)})
         printer = ScopePrinter(roots, known, self.leaf_names, self.spec_names, set(self.taken), self.fusable)
         body = printer.lines()
         loads = self._loads(printer.order)
-        kept = self._kept_lines(full_order, printer.order)
+        kept = self._kept_lines(full_order, printer.order, known)
         return loads + kept + body, self._columns_read(full_order)
 
     # -- the program ---------------------------------------------------------------
@@ -528,13 +554,14 @@ CHUNK_NOTE = ("// Per-column outputs of the backward: fp32 partial sums per chun
               "// partials summed in chunk order (deterministic, no atomics).")
 
 
-def _programs(kernel: RowKernel) -> list[tuple[Specialization, list[str], int, int]]:
-    """Per specialization: the body of apply(row), how many kept values it has, and how
-    many of its passes over the row reduce it."""
+def _programs(kernel: RowKernel) -> list[tuple[Specialization, list[str], int, int, int]]:
+    """Per specialization: the body of apply(row), how many kept and host-kept values it
+    has, and how many of its passes over the row reduce it."""
     programs = []
     for specialization, graph in kernel.graphs:
         program = RowProgram(kernel, graph)
-        programs.append((specialization, program.apply_lines(), len(program.kept), program.reduction_passes()))
+        programs.append((specialization, program.apply_lines(), len(program.kept), len(program.host_kept),
+                         program.reduction_passes()))
     return programs
 
 
@@ -590,7 +617,7 @@ def emit_row_math(s: OpSchedule) -> str:
              "#include <avo/common.h>", "#include <avo/math.h>", "", f"namespace avo::ops::{spec.name} {{", ""]
     lines += [f"// {line}" for line in textwrap.wrap(spec.doc, 86)] + [""]
     for kernel in (s.forward, s.backward):
-        for specialization, apply, kept, reduction_passes in _programs(kernel):
+        for specialization, apply, kept, host_kept, reduction_passes in _programs(kernel):
             title = f"{kernel.role.capitalize()} of one row"
             if specialization.choices:
                 title += f", for {specialization.description}"
@@ -618,6 +645,9 @@ def emit_row_math(s: OpSchedule) -> str:
                       "  // Per-element values computed once and kept by rows that hold the row in registers",
                       "  // (at.keep / at.kept).",
                       f"  static constexpr int kKeptValues = {kept};",
+                      "  // Per-element values kept by the CPU rows alone (at.keep_on_host / at.kept_on_host):",
+                      "  // they depend on per-row values too, or the register rows have no room for them.",
+                      f"  static constexpr int kHostKeptValues = {host_kept};",
                       "  // Calls that reduce the row (row.sum, row.max, row.sums, row.sum_squares, row.moments, ...).",
                       f"  static constexpr int kReductionPasses = {reduction_passes};", ""]
             lines += ["  // Precision: avo::Exact or avo::Fast (avo/math.h); Row: a row type of avo/row_cpu.h or",

@@ -271,8 +271,8 @@ def test_a_bool_attribute_is_compiled_out_of_the_kernels():
     without swish no sigmoid is computed (the backward computed one per element for a
     term it then multiplied by zero). With it, the forward keeps each element's x *
     sigmoid(x) for its second pass; the backward, whose threads hold four vectors of
-    each of its two per-element inputs, has no registers to keep it (_has_room_to_keep)
-    and computes the sigmoid in both passes."""
+    each of its two per-element inputs, has no registers to keep it (_has_room_to_keep):
+    the sigmoid is host-kept (the GPU rows compute it in both passes, the CPU rows once)."""
     with open(ROOT / "csrc" / "generated" / "channel_norm_math.h", encoding="utf-8") as f:
         source = f.read()
     structs = dict(re.findall(r"struct (\w+Math) \{(.*?)\n\};", source, re.S))
@@ -282,6 +282,7 @@ def test_a_bool_attribute_is_compiled_out_of_the_kernels():
         assert body.count("F::sigmoid(x)") == (0 if "NoSwish" in name else 2)
         assert ("kKeptValues = 1;" in body) == (name == "ForwardSwishMath")
         assert ("at.keep(" in body) == (name == "ForwardSwishMath")
+        assert ("kHostKeptValues = 1;" in body) == (name == "BackwardSwishMath")
 
 
 @pytest.mark.parametrize("op,passes", [("layernorm", 1), ("rmsnorm", 1), ("softmax", 1), ("log_softmax", 1),
@@ -472,10 +473,33 @@ def test_swish_layernorm_backward_keeps_the_sigmoid_that_both_passes_need():
 
 @pytest.mark.parametrize("op,role", [("layernorm", "forward"), ("softmax", "forward")])
 def test_no_kept_values_where_they_do_not_pay(op, role):
-    """Nothing costly to keep (layernorm; softmax's exp depends on the row maximum)."""
+    """Nothing costly to keep (layernorm; softmax's exp depends on the row maximum, so
+    it is host-kept at most)."""
     struct = _struct(op, role)
     assert "static constexpr int kKeptValues = 0;" in struct
     assert "at.keep(" not in struct and "at.kept(" not in struct
+
+
+@pytest.mark.parametrize("role", ["forward", "backward"])
+def test_softmax_host_keeps_the_exponential_that_both_passes_need(role):
+    """exp(x - max) is needed by the sum and by the output pass, and depends on the row
+    maximum: a host-kept value, computed by the first of those passes (keep_on_host) and
+    taken by the second (kept_on_host); no pass calls exp outside those lambdas."""
+    struct = _struct("softmax", role)
+    assert "static constexpr int kHostKeptValues = 1;" in struct
+    assert re.findall(r"at\.(keep|kept)_on_host\(0, \[&\] \{\s*const float x = at\.load\(\d\);\s*"
+                      r"return F::exp\(x - \w+\);\s*\}\);", struct) == ["keep", "kept"]
+    outside = re.sub(r"at\.(?:keep|kept)_on_host\(0, \[&\] \{.*?\n\s*\}\);", "KEPT", struct, flags=re.S)
+    assert "exp" not in outside.split("apply(const Row& row)")[1]
+
+
+@pytest.mark.parametrize("role", ["forward", "backward"])
+def test_a_value_one_pass_reads_is_not_kept(role):
+    """log_softmax's exp(x - max) is read by its sum alone (the output pass reads the sum,
+    not the values it adds): nothing to keep."""
+    struct = _struct("log_softmax", role)
+    assert "static constexpr int kHostKeptValues = 0;" in struct
+    assert "_on_host(" not in struct
 
 
 @pytest.mark.parametrize("path", ROW_MATH, ids=lambda p: p.name)

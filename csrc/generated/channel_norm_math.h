@@ -33,6 +33,9 @@ struct ForwardNoSwishMath {
   // Per-element values computed once and kept by rows that hold the row in registers
   // (at.keep / at.kept).
   static constexpr int kKeptValues = 0;
+  // Per-element values kept by the CPU rows alone (at.keep_on_host / at.kept_on_host):
+  // they depend on per-row values too, or the register rows have no room for them.
+  static constexpr int kHostKeptValues = 0;
   // Calls that reduce the row (row.sum, row.max, row.sums, row.sum_squares, row.moments, ...).
   static constexpr int kReductionPasses = 1;
 
@@ -84,6 +87,9 @@ struct ForwardSwishMath {
   // Per-element values computed once and kept by rows that hold the row in registers
   // (at.keep / at.kept).
   static constexpr int kKeptValues = 1;
+  // Per-element values kept by the CPU rows alone (at.keep_on_host / at.kept_on_host):
+  // they depend on per-row values too, or the register rows have no room for them.
+  static constexpr int kHostKeptValues = 0;
   // Calls that reduce the row (row.sum, row.max, row.sums, row.sum_squares, row.moments, ...).
   static constexpr int kReductionPasses = 1;
 
@@ -141,6 +147,9 @@ struct BackwardNoSwishMath {
   // Per-element values computed once and kept by rows that hold the row in registers
   // (at.keep / at.kept).
   static constexpr int kKeptValues = 0;
+  // Per-element values kept by the CPU rows alone (at.keep_on_host / at.kept_on_host):
+  // they depend on per-row values too, or the register rows have no room for them.
+  static constexpr int kHostKeptValues = 0;
   // Calls that reduce the row (row.sum, row.max, row.sums, row.sum_squares, row.moments, ...).
   static constexpr int kReductionPasses = 1;
 
@@ -197,6 +206,9 @@ struct BackwardSwishMath {
   // Per-element values computed once and kept by rows that hold the row in registers
   // (at.keep / at.kept).
   static constexpr int kKeptValues = 0;
+  // Per-element values kept by the CPU rows alone (at.keep_on_host / at.kept_on_host):
+  // they depend on per-row values too, or the register rows have no room for them.
+  static constexpr int kHostKeptValues = 1;
   // Calls that reduce the row (row.sum, row.max, row.sums, row.sum_squares, row.moments, ...).
   static constexpr int kReductionPasses = 1;
 
@@ -213,7 +225,10 @@ struct BackwardSwishMath {
     row.sums(avo::columns<>, sums_0, [&](const auto& at, float* terms) {
       const float grad_y = at.load(0);
       const float x = at.load(3);
-      const float s = x * F::sigmoid(x);
+      const float kept0 = at.keep_on_host(0, [&] {
+        return F::sigmoid(x);
+      });
+      const float s = x * kept0;
       const float centered = s - mu;
       const float term_0 = grad_y * centered;
       const float term_1 = grad_y;
@@ -230,11 +245,13 @@ struct BackwardSwishMath {
     row.for_each(avo::columns<>, [&](const auto& at) {
       const float grad_y = at.load(0);
       const float x = at.load(3);
-      const float t0 = F::sigmoid(x);
-      const float s = x * t0;
+      const float kept0 = at.kept_on_host(0, [&] {
+        return F::sigmoid(x);
+      });
+      const float s = x * kept0;
       const float centered = s - mu;
-      const float t1 = F::fma(grad_y * gamma, rstd, r1 * centered) - r2;
-      const float grad_x = F::fma(t1, t0, t1 * x * (t0 * (1.0f - t0)));
+      const float t0 = F::fma(grad_y * gamma, rstd, r1 * centered) - r2;
+      const float grad_x = F::fma(t0, kept0, t0 * x * (kept0 * (1.0f - kept0)));
       at.store(0, grad_x);
     });
   }

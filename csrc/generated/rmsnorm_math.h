@@ -31,6 +31,9 @@ struct ForwardMath {
   // Per-element values computed once and kept by rows that hold the row in registers
   // (at.keep / at.kept).
   static constexpr int kKeptValues = 0;
+  // Per-element values kept by the CPU rows alone (at.keep_on_host / at.kept_on_host):
+  // they depend on per-row values too, or the register rows have no room for them.
+  static constexpr int kHostKeptValues = 0;
   // Calls that reduce the row (row.sum, row.max, row.sums, row.sum_squares, row.moments, ...).
   static constexpr int kReductionPasses = 1;
 
@@ -73,6 +76,9 @@ struct BackwardMath {
   // Per-element values computed once and kept by rows that hold the row in registers
   // (at.keep / at.kept).
   static constexpr int kKeptValues = 0;
+  // Per-element values kept by the CPU rows alone (at.keep_on_host / at.kept_on_host):
+  // they depend on per-row values too, or the register rows have no room for them.
+  static constexpr int kHostKeptValues = 0;
   // Calls that reduce the row (row.sum, row.max, row.sums, row.sum_squares, row.moments, ...).
   static constexpr int kReductionPasses = 1;
 

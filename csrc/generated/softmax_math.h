@@ -30,6 +30,9 @@ struct ForwardMath {
   // Per-element values computed once and kept by rows that hold the row in registers
   // (at.keep / at.kept).
   static constexpr int kKeptValues = 0;
+  // Per-element values kept by the CPU rows alone (at.keep_on_host / at.kept_on_host):
+  // they depend on per-row values too, or the register rows have no room for them.
+  static constexpr int kHostKeptValues = 1;
   // Calls that reduce the row (row.sum, row.max, row.sums, row.sum_squares, row.moments, ...).
   static constexpr int kReductionPasses = 2;
 
@@ -45,8 +48,10 @@ struct ForwardMath {
       return term;
     });
     const float sum_0 = row.sum(avo::columns<>, [&](const auto& at) {
-      const float x = at.load(0);
-      const float e = F::exp(x - max_0);
+      const float e = at.keep_on_host(0, [&] {
+        const float x = at.load(0);
+        return F::exp(x - max_0);
+      });
       const float term = e;
       return term;
     });
@@ -54,8 +59,10 @@ struct ForwardMath {
     row.store_row_f32(2, sum_0);
     const float r0 = 1.0f / sum_0;
     row.for_each(avo::columns<>, [&](const auto& at) {
-      const float x = at.load(0);
-      const float e = F::exp(x - max_0);
+      const float e = at.kept_on_host(0, [&] {
+        const float x = at.load(0);
+        return F::exp(x - max_0);
+      });
       const float y = e * r0;
       at.store(0, y);
     });
@@ -78,6 +85,9 @@ struct BackwardMath {
   // Per-element values computed once and kept by rows that hold the row in registers
   // (at.keep / at.kept).
   static constexpr int kKeptValues = 0;
+  // Per-element values kept by the CPU rows alone (at.keep_on_host / at.kept_on_host):
+  // they depend on per-row values too, or the register rows have no room for them.
+  static constexpr int kHostKeptValues = 1;
   // Calls that reduce the row (row.sum, row.max, row.sums, row.sum_squares, row.moments, ...).
   static constexpr int kReductionPasses = 1;
 
@@ -91,8 +101,10 @@ struct BackwardMath {
     const float total = row.load_saved(2);
     const float sum_0 = row.sum(avo::columns<>, [&](const auto& at) {
       const float grad_y = at.load(0);
-      const float x = at.load(3);
-      const float e = F::exp(x - row_max);
+      const float e = at.keep_on_host(0, [&] {
+        const float x = at.load(3);
+        return F::exp(x - row_max);
+      });
       const float term = grad_y * e;
       return term;
     });
@@ -100,8 +112,10 @@ struct BackwardMath {
     const float r1 = r0 / total * sum_0;
     row.for_each(avo::columns<>, [&](const auto& at) {
       const float grad_y = at.load(0);
-      const float x = at.load(3);
-      const float e = F::exp(x - row_max);
+      const float e = at.kept_on_host(0, [&] {
+        const float x = at.load(3);
+        return F::exp(x - row_max);
+      });
       const float grad_x = F::fma(grad_y, r0, -r1) * e;
       at.store(0, grad_x);
     });

@@ -65,17 +65,19 @@ inline V lane_reduce(int64_t length, V start, Add add, Value value) {
   return out[0];
 }
 
-template <typename T, typename Args>
+template <typename T, typename Args, typename Math>
 struct SerialRow : RowView<T, Args> {
   using RowView<T, Args>::args;
   using RowView<T, Args>::r;
-  // This worker's scratch rows of `length` floats (run_rows): row i < kept_values holds
-  // kept value i (at.keep / at.kept); the last one, moments' terms.
+  // Rows of the scratch: kept value i (at.keep / at.kept) in row i, then host-kept value
+  // i (at.keep_on_host / at.kept_on_host) in row kept_values + i; the last one, moments'
+  // terms. Known when compiling, as are the offsets of the rows.
+  static constexpr int kept_values = Math::kKeptValues;
+  static constexpr int scratch_rows = Math::kKeptValues + Math::kHostKeptValues + 1;
+  // This worker's scratch rows of `length` floats each (run_rows).
   float* scratch;
-  int kept_values;
 
-  SerialRow(const Args& a, int64_t row, float* scratch_rows, int kept)
-      : RowView<T, Args>(a, row), scratch(scratch_rows), kept_values(kept) {}
+  SerialRow(const Args& a, int64_t row, float* worker_scratch) : RowView<T, Args>(a, row), scratch(worker_scratch) {}
 
   // Element n of the row, as the generated lambdas see it.
   struct At {
@@ -94,6 +96,11 @@ struct SerialRow : RowView<T, Args> {
     }
     template <typename F>
     float kept(int i, F) const { return row.scratch[i * row.args.length + n]; }
+    // The CPU keeps host-kept values the same way, in the scratch rows after the kept ones.
+    template <typename F>
+    float keep_on_host(int i, F value) const { return keep(row.kept_values + i, value); }
+    template <typename F>
+    float kept_on_host(int i, F value) const { return kept(row.kept_values + i, value); }
   };
   At at(int64_t n) const { return At{*this, n}; }
 
@@ -121,7 +128,7 @@ struct SerialRow : RowView<T, Args> {
   // left in the last scratch row.
   template <unsigned M, typename F>
   void moments(Columns<M>, float (&out)[2], F term) const {
-    float* terms = scratch + int64_t(kept_values) * args.length;
+    float* terms = scratch + int64_t(scratch_rows - 1) * args.length;
     const double total = lane_reduce(args.length, 0.0, add_double, [&](int64_t n) {
       terms[n] = term(at(n));
       return double(terms[n]);
@@ -197,9 +204,9 @@ namespace avo {
 // Rows [begin, end), in order.
 template <typename T, typename Args, typename Math>
 AVO_CPU_KERNEL void run_rows(const Args& args, const Math& math, int64_t begin, int64_t end) {
-  std::vector<float> scratch(size_t(Math::kKeptValues + 1) * size_t(args.length));
-  for (int64_t r = begin; r < end; ++r)
-    math.template apply<Exact>(SerialRow<T, Args>(args, r, scratch.data(), Math::kKeptValues));
+  using Row = SerialRow<T, Args, Math>;
+  std::vector<float> scratch(size_t(Row::scratch_rows) * size_t(args.length));
+  for (int64_t r = begin; r < end; ++r) math.template apply<Exact>(Row(args, r, scratch.data()));
 }
 
 // Column totals (avo/row_args.h), columns [begin, end): each source's rows added in order.

@@ -790,6 +790,12 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
       if constexpr (kKeeps) return row.kept[h][i][j];
       else return value();
     }
+    // Host-kept values are computed again in every pass: the registers are sized for the
+    // kept values alone.
+    template <typename F>
+    __device__ __forceinline__ float keep_on_host(int, F value) const { return value(); }
+    template <typename F>
+    __device__ __forceinline__ float kept_on_host(int, F value) const { return value(); }
   };
 
   // Calls visit(i, v, columns) for each of this thread's vectors, `columns` holding
@@ -931,6 +937,10 @@ struct VectorAt {
   __device__ __forceinline__ float keep(int, F value) const { return value(); }
   template <typename F>
   __device__ __forceinline__ float kept(int, F value) const { return value(); }
+  template <typename F>
+  __device__ __forceinline__ float keep_on_host(int, F value) const { return value(); }
+  template <typename F>
+  __device__ __forceinline__ float kept_on_host(int, F value) const { return value(); }
 };
 
 // The passes of a row type whose vectors arrive with every input they need loaded
