@@ -69,3 +69,37 @@ def test_softmax_and_silu_at_the_ends_of_exps_range():
     # Results among the subnormals keep fewer bits: bounded absolutely, by two of the
     # smallest.
     torch.testing.assert_close(got.double(), want, rtol=5e-7, atol=3e-45)
+
+
+def _row_with(length, changes):
+    row = torch.linspace(-3.0, 2.0, length)
+    for position, value in changes:
+        row[position] = value
+    return row
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_row_maximum_with_nan_infinities_and_the_largest_in_the_tail(op):
+    """The CPU rows take the row maximum with a plain comparison in their lanes and reduce
+    a row again the NaN-propagating way when it holds a NaN: a NaN in the blocks of 64 or
+    in the tail after them makes the whole row NaN, as in torch; infinities, a row of
+    -inf, and a largest element in the tail or at the first position give torch's values,
+    and the row maxima softmax saves for its backward are torch's amax, NaN included."""
+    length = 200  # three blocks of 64, then a tail of 8
+    rows = torch.stack([
+        _row_with(length, [(5, float("nan"))]),
+        _row_with(length, [(196, float("nan"))]),
+        _row_with(length, [(70, float("inf"))]),
+        _row_with(length, [(199, float("inf")), (3, float("inf"))]),
+        torch.full((length,), float("-inf")),
+        _row_with(length, [(197, 40.0)]),
+        _row_with(length, [(0, 40.0)]),
+        _row_with(length, [(n, float("-inf")) for n in range(0, length, 3)]),
+    ])
+    got = getattr(torch.ops.avo, op)(rows)
+    want = getattr(torch, op)(rows.double(), dim=-1)
+    assert torch.equal(got.isnan(), want.isnan())
+    torch.testing.assert_close(got.double(), want, rtol=2e-6, atol=1e-7, equal_nan=True)
+    if op == "softmax":
+        saved_max = torch.ops.avo.softmax_forward(rows)[1]
+        torch.testing.assert_close(saved_max, rows.amax(dim=-1), rtol=0.0, atol=0.0, equal_nan=True)

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -62,6 +63,53 @@ template <typename V, typename Add, typename Value>
 inline V lane_reduce(int64_t length, V start, Add add, Value value) {
   V out[1];
   lane_reduce(length, start, add, [&](int64_t n, V (&v)[1]) { v[0] = value(n); }, out);
+  return out[0];
+}
+
+// The maximum (kMaximum) or the minimum of value(n) over [0, length), NaN propagating as
+// Functions<Exact>::maximum and minimum do, in lane_reduce's lanes and order. The lanes
+// are one vector of GCC's vector extension, whose comparison and select the compiler
+// makes one max or min instruction (as separate floats, with or without the NaN test, the
+// lanes stayed scalar), and take the plain comparison; the blocks note whether they held
+// a NaN. A row with one is reduced again the NaN-propagating way, so that it gives the
+// same NaN as that always did.
+template <bool kMaximum, typename Value>
+inline float lane_extreme(int64_t length, Value value) {
+  using Lanes = float __attribute__((vector_size(kSumLanes * sizeof(float))));
+  constexpr float kStart = kMaximum ? -std::numeric_limits<float>::infinity() : std::numeric_limits<float>::infinity();
+  const auto plain = [](float a, float b) { return (kMaximum ? a > b : a < b) ? a : b; };
+  Lanes lanes;
+  for (int l = 0; l < kSumLanes; ++l) lanes[l] = kStart;
+  bool saw_nan = false;
+  int64_t n = 0;
+  for (; n + kSumBlock <= length; n += kSumBlock) {
+    float block[kSumBlock];
+    int nans = 0;
+    for (int j = 0; j < kSumBlock; ++j) {
+      block[j] = value(n + j);
+      nans |= block[j] != block[j];
+    }
+    saw_nan |= nans != 0;
+    for (int j = 0; j < kSumBlock; j += kSumLanes) {
+      Lanes b;
+      std::memcpy(&b, block + j, sizeof b);
+      lanes = kMaximum ? (lanes > b ? lanes : b) : (lanes < b ? lanes : b);
+    }
+  }
+  float out[kSumLanes];
+  std::memcpy(out, &lanes, sizeof out);
+  for (; n < length; ++n) {
+    const float v = value(n);
+    saw_nan |= v != v;
+    out[n % kSumLanes] = plain(out[n % kSumLanes], v);
+  }
+  if (saw_nan) {
+    return lane_reduce(length, kStart, [](float a, float b) {
+      return kMaximum ? Functions<Exact>::maximum(a, b) : Functions<Exact>::minimum(a, b);
+    }, value);
+  }
+  for (int width = kSumLanes / 2; width > 0; width /= 2)
+    for (int l = 0; l < width; ++l) out[l] = plain(out[l], out[l + width]);
   return out[0];
 }
 
@@ -151,15 +199,11 @@ struct SerialRow : RowView<T, Args> {
   }
   template <unsigned M, typename F>
   float max(Columns<M>, F term) const {
-    return lane_reduce(
-        args.length, -std::numeric_limits<float>::infinity(),
-        [](float a, float b) { return Functions<Exact>::maximum(a, b); }, [&](int64_t n) { return term(at(n)); });
+    return lane_extreme<true>(args.length, [&](int64_t n) { return term(at(n)); });
   }
   template <unsigned M, typename F>
   float min(Columns<M>, F term) const {
-    return lane_reduce(
-        args.length, std::numeric_limits<float>::infinity(),
-        [](float a, float b) { return Functions<Exact>::minimum(a, b); }, [&](int64_t n) { return term(at(n)); });
+    return lane_extreme<false>(args.length, [&](int64_t n) { return term(at(n)); });
   }
   template <unsigned M, typename F>
   void for_each(Columns<M>, F body) const {
