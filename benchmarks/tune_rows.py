@@ -34,6 +34,12 @@ global, cluster, staged, then wide, pipelined or register):
     decides);
   - wide_min_vectors: wide against register and pipelined, over N up to 32768 (rows that
     only the wide version holds in registers take it without a threshold).
+A seventh, coarse_chunks_min_vectors, times each backward with per-column sums on the
+table's version with fine and with coarse chunks of rows (avo_ops._C.set_chunk_size;
+rows_per_chunk in csrc/include/avo/row_args.h) and compares coarse against fine, at the
+lengths where the two differ (avo_ops._C.last_rows_per_chunk): with the default
+--elements, rows of 16384 elements (the shorter ones have 32 rows a chunk either way,
+the longer ones take the long rows' chunks).
 Forwards are not timed tiled: the tiled version takes only backwards with per-column
 sums. A run that took another version (a backward of two per-element inputs of four
 vectors a thread cannot pipeline) is dropped because, kept, it would time the table's
@@ -86,9 +92,13 @@ TABLE_VERSIONS = {"staged_min_vectors": ("register", "pipelined", "wide", "stage
                   "pipelined_min_vectors": ("register", "pipelined"),
                   "tiled_min_vectors": ("register", "pipelined", "wide", "staged", "cluster", "global", "tiled"),
                   "cluster_min_vectors": ("register", "pipelined", "wide", "staged", "cluster"),
-                  "wide_min_vectors": ("register", "pipelined", "wide")}
-# The versions a direction is not timed on: forwards never tile.
-UNTIMED = {"fwd": ("tiled",), "bwd": ()}
+                  "wide_min_vectors": ("register", "pipelined", "wide"),
+                  "coarse_chunks_min_vectors": ("fine_chunks", "coarse_chunks")}
+# The table of the chunks of rows, and its two timings (named like versions).
+CHUNK_TABLE = "coarse_chunks_min_vectors"
+CHUNK_SIZES = ("fine", "coarse")
+# The versions a direction is not timed on: forwards never tile and have no chunks.
+UNTIMED = {"fwd": ("tiled", "fine_chunks", "coarse_chunks"), "bwd": ()}
 # The tables compared on rows of up to STAGED_MAX_LENGTH only: beyond, only the last
 # version of the table (or none of them) fits.
 SHORT_ROW_TABLES = ("staged_min_vectors", "pipelined_min_vectors", "cluster_min_vectors", "wide_min_vectors")
@@ -107,6 +117,25 @@ def time_version(avo_ops, case, shape, dtype, version: str, timer: bench_ops.Tim
     del arg_sets
     torch.cuda.empty_cache()
     return sorted(times)[len(times) // 2] if took == version else None
+
+
+def time_chunk_sizes(avo_ops, case, shape, dtype, timer: bench_ops.Timer) -> dict[str, float]:
+    """Median microseconds of one call of the avo kernel (the table's version) with fine
+    and with coarse chunks of rows, as {"fine_chunks": us, "coarse_chunks": us}; {} where
+    the call has no per-column sums or both sizes give the same chunks."""
+    arg_sets = bench_ops.input_sets(case, shape, dtype)
+    times, rows = {}, {}
+    try:
+        for size in CHUNK_SIZES:
+            avo_ops._C.set_chunk_size(size)
+            measured = timer.measure(case.avo, arg_sets)
+            times[f"{size}_chunks"] = sorted(measured)[len(measured) // 2]
+            rows[size] = avo_ops._C.last_rows_per_chunk()
+    finally:
+        avo_ops._C.set_chunk_size("auto")
+    del arg_sets
+    torch.cuda.empty_cache()
+    return times if rows["fine"] != rows["coarse"] else {}
 
 
 def threshold(points: list[tuple[int, float, float]], margin: float, tolerance: float) -> int | None:
@@ -246,13 +275,18 @@ def main(argv=None) -> int:
             shape = case.layout((max(1, args.elements // n), n))
             tried = [v for v in versions if v not in UNTIMED[direction]]
             times = {v: time_version(avo_ops, case, shape, dtype, v, timer) for v in tried}
+            if CHUNK_TABLE in table_names and direction == "bwd":
+                chunk_times = time_chunk_sizes(avo_ops, case, shape, dtype, timer)
+                tried += list(chunk_times) or ["chunks"]
+                times.update(chunk_times or {"chunks": None})
             timed = [v for v in tried if times[v] is not None]
             vectors = n * dtype.itemsize // 16
             measurements.append({"op": op, "kernel": ROLES[direction], "dtype": dtype_name, "row_length": n,
                                  "vectors": vectors, "shape": list(shape),
                                  **{f"{v}_us": round(times[v], 2) for v in timed}})
             print(f"[{i}/{len(plan)}] {op}.{direction} {dtype_name} N={n}: "
-                  + ", ".join(f"{v} {times[v]:.1f} us" if times[v] is not None else f"{v} cannot take it"
+                  + ", ".join(f"{v} {times[v]:.1f} us" if times[v] is not None
+                              else "chunks the same either way" if v == "chunks" else f"{v} cannot take it"
                               for v in tried), file=sys.stderr, flush=True)
     found = {group: thresholds(points, table_names, args.margin, args.tolerance)
              for group, points in by_group(measurements).items()}

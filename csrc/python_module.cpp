@@ -1,7 +1,7 @@
 // The Python module `avo_ops._C`. Importing it runs the static TORCH_LIBRARY
 // registrations of the linked op sources; it exposes built_with_cuda(), cpu_threads(),
-// set_row_version() and last_row_version() (for tests and benchmarks), and the ops'
-// entry points for the functional API (generated/python_calls.cpp).
+// set_row_version(), last_row_version(), set_chunk_size() and last_rows_per_chunk() (for
+// tests and benchmarks), and the ops' entry points for the functional API (generated/python_calls.cpp).
 #include <Python.h>
 
 #include <ATen/Parallel.h>
@@ -78,6 +78,31 @@ PyObject* last_row_version(PyObject*, PyObject*) {
   return PyUnicode_FromString("auto");
 }
 
+// set_chunk_size(name): "auto", "fine" or "coarse" (avo::ChunkSize).
+PyObject* set_chunk_size(PyObject*, PyObject* arg) {
+  const char* name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : nullptr;
+  if (name == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "set_chunk_size: expected a str");
+    return nullptr;
+  }
+  const struct {
+    const char* name;
+    avo::ChunkSize size;
+  } sizes[] = {{"auto", avo::ChunkSize::kAuto}, {"fine", avo::ChunkSize::kFine}, {"coarse", avo::ChunkSize::kCoarse}};
+  for (const auto& c : sizes) {
+    if (std::strcmp(name, c.name) == 0) {
+      avo::forced_chunk_size() = c.size;
+      Py_RETURN_NONE;
+    }
+  }
+  PyErr_Format(PyExc_ValueError, "set_chunk_size: unknown size '%s'; expected 'auto', 'fine' or 'coarse'", name);
+  return nullptr;
+}
+
+// last_rows_per_chunk(): the rows a chunk of the per-column sums of the last CUDA row-op
+// call (0 when it had none, or before any).
+PyObject* last_rows_per_chunk(PyObject*, PyObject*) { return PyLong_FromLongLong(avo::last_rows_per_chunk()); }
+
 PyMethodDef methods[] = {
     {"built_with_cuda", built_with_cuda, METH_NOARGS, "True when the extension has CUDA kernels."},
     {"cpu_threads", cpu_threads, METH_NOARGS,
@@ -88,6 +113,12 @@ PyMethodDef methods[] = {
      "'global', 'tiled') where it can, or the dispatch table's choice ('auto'). For tests and benchmarks."},
     {"last_row_version", last_row_version, METH_NOARGS,
      "The version the last CUDA row-op call took ('auto' before any). For tests and benchmarks."},
+    {"set_chunk_size", set_chunk_size, METH_O,
+     "Makes every CUDA row-op call with per-column sums take fine or coarse chunks of rows ('fine', 'coarse'), or "
+     "the dispatch table's choice ('auto'). For tests and benchmarks."},
+    {"last_rows_per_chunk", last_rows_per_chunk, METH_NOARGS,
+     "The rows a chunk of the per-column sums of the last CUDA row-op call (0 without them). For tests and "
+     "benchmarks."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -44,27 +44,6 @@ struct RowCall {
   int64_t batch = 0, channels = 0;  // channel ops
 };
 
-// Chunks of the per-column sums, each one worker's (a GPU block's, group's or cluster's)
-// rows: kRowsPerChunk rows each (the partials then add 1/kRowsPerChunk of the rows' size
-// in fp32), fewer when that would leave under kMinChunks chunks (a few rows: 8 chunks of
-// 32 rows would keep 8 blocks busy on a GPU of 132 multiprocessors), more when it would
-// make over kMaxChunks. Rows of kLongRow elements or more (avo/row_args.h) need fewer
-// chunks to fill the GPU (a chunk's worker is a cluster of up to 16 blocks on sm_90) and
-// cost more per chunk: at least kMinLongRowChunks. With a chunk per row, layernorm's
-// backward at 256x262144 wrote and re-read 512 MiB of partials for 384 MiB of rows.
-// Fixed by the shape alone, so the summation order (and the result) does not depend on
-// the machine.
-constexpr int64_t kRowsPerChunk = 32;
-constexpr int64_t kMinChunks = 256;
-constexpr int64_t kMaxChunks = 4096;
-constexpr int64_t kMinLongRowChunks = 64;
-
-inline int64_t rows_per_chunk(int64_t rows, int64_t length) {
-  const int64_t min_chunks = length >= kLongRow ? kMinLongRowChunks : kMinChunks;
-  const int64_t spread = std::min(kRowsPerChunk, std::max<int64_t>(1, (rows + min_chunks - 1) / min_chunks));
-  return std::max(spread, (rows + kMaxChunks - 1) / kMaxChunks);
-}
-
 // The op that returns a backward's saved values: avo::layernorm_forward for avo::layernorm_backward.
 inline std::string forward_name(const std::string& backward) {
   const std::string suffix = "_backward";

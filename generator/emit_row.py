@@ -686,7 +686,9 @@ def _dispatch_table(s: OpSchedule, tunings: list[ArchTuning]) -> list[str]:
         "// \"pipelined\" line on, where the kernel can be), the cluster version or GlobalRow",
         "// otherwise; before all of them, the tiled version from the length of the \"tiled\"",
         "// line on (a backward with per-column sums, where it can be); \"never\": only where",
-        "// no other version fits. Measured by benchmarks/tune_rows.py (tuning/sm_<arch>.json).",
+        "// no other version fits. A backward with per-column sums takes coarse chunks of rows",
+        "// (avo::rows_per_chunk) from the length of the \"coarse\" line on. Measured by",
+        "// benchmarks/tune_rows.py (tuning/sm_<arch>.json).",
         f"//   | {'kernel':8} | {'GPU':{width}} | {'from':9} | " + " | ".join(f"{d:>8}" for d in TUNING_DTYPES) + " |",
     ]
     for kernel, rows in kernels:

@@ -712,7 +712,7 @@ def test_non_contiguous_gradient_argument(device):
 # Rows of 16-byte-aligned lengths from one vector to the register and shared-memory
 # limits, and beyond them (65536: a cluster of 2 to 8 blocks, or the global version);
 # 600 rows make 200 chunks of 3 rows for the parameter-gradient partials, 7 rows chunks
-# of one row (csrc/row_binding.h). The tiled version takes rows of two tiles or more (4096 16-bit or 2048 fp32 elements a
+# of one row (rows_per_chunk, csrc/include/avo/row_args.h). The tiled version takes rows of two tiles or more (4096 16-bit or 2048 fp32 elements a
 # tile); 40x12296 ends in a tile of one or two vectors.
 VERSION_SHAPES = [(600, 8), (600, 1024), (600, 4096), (7, 16384), (3, 32768), (5, 65536), (40, 12296)]
 
@@ -820,7 +820,7 @@ def test_cluster_kernel_version_reads_its_copy_of_weight_and_bias(name, params, 
 
 # A backward with per-column sums (the parameter gradients) loads the next row of its
 # chunk while it computes one, where the vectors of its two per-element inputs leave the
-# registers for it (600 rows of 1024: 200 chunks of 3 rows, csrc/row_binding.h).
+# registers for it (600 rows of 1024: 200 chunks of 3 rows, csrc/include/avo/row_args.h).
 @needs_cuda
 @pytest.mark.parametrize("row_version", ["pipelined"], indirect=True)
 @pytest.mark.parametrize("name", ["layernorm", "rmsnorm", "swish_layernorm"])
@@ -874,6 +874,53 @@ def test_last_row_version_names_the_version_a_call_took():
         assert avo_ops._C.last_row_version() not in ("register", "auto")
     finally:
         avo_ops._C.set_row_version("auto")
+
+
+# Coarse chunks of rows for the parameter gradients (rows_per_chunk's `coarse`, which a
+# GPU's table takes from a measured length on): 600 rows make 120 chunks of 5 rows instead
+# of 200 of 3, 300 rows 100 of 3 instead of 150 of 2; 7 rows stay chunks of one row.
+COARSE_SHAPES = [(600, 1024), (300, 4096), (7, 16384)]
+
+
+@pytest.fixture
+def coarse_chunks():
+    avo_ops._C.set_chunk_size("coarse")
+    yield
+    avo_ops._C.set_chunk_size("auto")
+
+
+@needs_cuda
+@pytest.mark.parametrize("row_version", ["register", "pipelined", "staged", "cluster", "global", "tiled", "auto"],
+                         indirect=True)
+@pytest.mark.parametrize("shape", COARSE_SHAPES, ids=str)
+@pytest.mark.parametrize("name", NORMS)
+def test_coarse_chunks_on_every_kernel_version_match_float64(name, shape, row_version, coarse_chunks, dtype):
+    op = OPS[name]
+    tensors = make_inputs(op, shape, dtype, "cuda")
+    check_gradients(op, tensors, dtype, op.op)
+
+
+@needs_cuda
+def test_set_chunk_size_sets_the_rows_a_chunk_of_the_parameter_gradients():
+    """What the tuner relies on: forced coarse, 600 rows of 1024 take chunks of 5 rows,
+    forced fine chunks of 3; a call without parameter gradients reports 0."""
+    x, w = torch.randn(600, 1024, device="cuda"), torch.randn(1024, device="cuda")
+    g = torch.randn_like(x)
+    rrms = torch.ops.avo.rmsnorm_forward(x, w)[1]
+    try:
+        for size, rows in (("fine", 3), ("coarse", 5)):
+            avo_ops._C.set_chunk_size(size)
+            torch.ops.avo.rmsnorm_backward(g, rrms, x, w)
+            assert avo_ops._C.last_rows_per_chunk() == rows
+        torch.ops.avo.softmax(x)
+        assert avo_ops._C.last_rows_per_chunk() == 0
+    finally:
+        avo_ops._C.set_chunk_size("auto")
+
+
+def test_set_chunk_size_rejects_unknown_names():
+    with pytest.raises(ValueError, match="set_chunk_size: unknown size 'huge'"):
+        avo_ops._C.set_chunk_size("huge")
 
 
 def test_set_row_version_rejects_unknown_names():

@@ -44,7 +44,8 @@ def test_without_tuning_files_every_gpu_gets_the_default(tmp_path):
     assert "//   | backward | any other GPU | cluster   |    never |    never |    never |" in cu
     assert "//   | forward  | any other GPU | wide      |    never |    never |    never |" in cu
     never = "{avo::kNever, avo::kNever, avo::kNever}"
-    assert f"{{0, {never}, {never}, {never}, {never}, {never}, {never}}}," in cu
+    assert "//   | backward | any other GPU | coarse    |    never |    never |    never |" in cu
+    assert f"{{0, {never}, {never}, {never}, {never}, {never}, {never}, {never}}}," in cu
     assert "(args, ForwardMath{}, kForwardTuning, stream)" in cu and "kBackwardTuning, stream)" in cu
 
 
@@ -56,7 +57,8 @@ def test_a_tuning_file_sets_the_thresholds_of_its_arch(tmp_path):
               "pipelined_min_vectors": {"softmax": {"forward": {"bfloat16": 256}}},
               "tiled_min_vectors": {"softmax": {"backward": {"float16": 2048}}},
               "cluster_min_vectors": {"softmax": {"backward": {"bfloat16": 1024}}},
-              "wide_min_vectors": {"softmax": {"forward": {"float32": 2048}}}}
+              "wide_min_vectors": {"softmax": {"forward": {"float32": 2048}}},
+              "coarse_chunks_min_vectors": {"softmax": {"backward": {"float16": 2048}}}}
     cu = _softmax_cu(_tree(tmp_path, tuning))
     assert "//   | forward  | sm_90 (NVIDIA H200) | staged    |      512 |    never |     2048 |" in cu
     assert "//   | forward  | sm_90 (NVIDIA H200) | global    |    never |    never |     4096 |" in cu
@@ -69,19 +71,20 @@ def test_a_tuning_file_sets_the_thresholds_of_its_arch(tmp_path):
     assert "//   | forward  | sm_90 (NVIDIA H200) | cluster   |    never |    never |    never |" in cu
     assert "//   | forward  | sm_90 (NVIDIA H200) | wide      |    never |    never |     2048 |" in cu
     assert "//   | backward | sm_90 (NVIDIA H200) | wide      |    never |    never |    never |" in cu
+    assert "//   | backward | sm_90 (NVIDIA H200) | coarse    |     2048 |    never |    never |" in cu
     forward = cu[cu.index("kForwardTuning[] = {"):]
     never = "{avo::kNever, avo::kNever, avo::kNever}"
     assert forward.splitlines()[1].strip() == (
         "{90, {512, avo::kNever, 2048}, {avo::kNever, avo::kNever, 4096}, {avo::kNever, 256, avo::kNever}, "
-        f"{never}, {never}, " + "{avo::kNever, avo::kNever, 2048}},")
-    assert forward.splitlines()[2].strip() == f"{{0, {never}, {never}, {never}, {never}, {never}, {never}}},"
+        f"{never}, {never}, " + "{avo::kNever, avo::kNever, 2048}, " + f"{never}}},")
+    assert forward.splitlines()[2].strip() == f"{{0, {never}, {never}, {never}, {never}, {never}, {never}, {never}}},"
     backward = cu[cu.index("kBackwardTuning[] = {"):]
     assert backward.splitlines()[1].strip() == (
         "{90, {avo::kNever, avo::kNever, 1024}, " + f"{never}, {never}, " + "{2048, avo::kNever, avo::kNever}, "
-        "{avo::kNever, 1024, avo::kNever}, " + f"{never}}},")
+        "{avo::kNever, 1024, avo::kNever}, " + f"{never}, " + "{2048, avo::kNever, avo::kNever}},")
 
 
-def test_a_tuning_file_without_global_pipelined_tiled_cluster_or_wide_tables_never_picks_them(tmp_path):
+def test_a_tuning_file_without_global_pipelined_tiled_cluster_wide_or_coarse_tables_never_picks_them(tmp_path):
     tuning = {"arch": 90, "gpu": "NVIDIA H200", "staged_min_vectors": {"softmax": {"forward": {"float16": 512}}}}
     cu = _softmax_cu(_tree(tmp_path, tuning))
     assert "//   | forward  | sm_90 (NVIDIA H200) | global    |    never |    never |    never |" in cu
@@ -89,6 +92,7 @@ def test_a_tuning_file_without_global_pipelined_tiled_cluster_or_wide_tables_nev
     assert "//   | backward | sm_90 (NVIDIA H200) | tiled     |    never |    never |    never |" in cu
     assert "//   | backward | sm_90 (NVIDIA H200) | cluster   |    never |    never |    never |" in cu
     assert "//   | forward  | sm_90 (NVIDIA H200) | wide      |    never |    never |    never |" in cu
+    assert "//   | backward | sm_90 (NVIDIA H200) | coarse    |    never |    never |    never |" in cu
 
 
 @pytest.mark.parametrize("content, name, phrase", [
@@ -215,6 +219,23 @@ def test_cluster_threshold_is_against_register_pipelined_and_staged_on_rows_they
     # slower than the staged version by more than the tolerance at 32768: never
     points[3] = m(32768, None, None, 100, 120)
     assert thresholds(points, ["cluster_min_vectors"], 0.01, 0.03) == {"cluster_min_vectors": None}
+
+
+def test_coarse_chunks_threshold_is_against_fine_chunks_where_they_differ():
+    from tune_rows import thresholds
+
+    def m(n, fine, coarse):
+        times = {"fine_chunks_us": fine, "coarse_chunks_us": coarse}
+        return {"kernel": "backward", "row_length": n, "vectors": n // 8,
+                **{k: v for k, v in times.items() if v is not None}}
+
+    # the chunks differ at 16384 alone (shorter rows have 32 rows a chunk either way, the
+    # longer ones the long rows' chunks): those lengths have no times and are no points
+    points = [m(4096, None, None), m(8192, None, None), m(16384, 150, 132), m(32768, None, None)]
+    assert thresholds(points, ["coarse_chunks_min_vectors"], 0.01, 0.03) == {"coarse_chunks_min_vectors": 2048}
+    # slower with coarse chunks (fp32 on the H200): never
+    points[2] = m(16384, 238, 258)
+    assert thresholds(points, ["coarse_chunks_min_vectors"], 0.01, 0.03) == {"coarse_chunks_min_vectors": None}
 
 
 def test_recompute_takes_the_last_runs_measurements(tmp_path):

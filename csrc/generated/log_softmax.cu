@@ -17,7 +17,9 @@ namespace avo::ops::log_softmax {
 // "pipelined" line on, where the kernel can be), the cluster version or GlobalRow
 // otherwise; before all of them, the tiled version from the length of the "tiled"
 // line on (a backward with per-column sums, where it can be); "never": only where
-// no other version fits. Measured by benchmarks/tune_rows.py (tuning/sm_<arch>.json).
+// no other version fits. A backward with per-column sums takes coarse chunks of rows
+// (avo::rows_per_chunk) from the length of the "coarse" line on. Measured by
+// benchmarks/tune_rows.py (tuning/sm_<arch>.json).
 //   | kernel   | GPU                 | from      |  float16 | bfloat16 |  float32 |
 //   | forward  | sm_90 (NVIDIA H200) | staged    |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200) | global    |    never |    never |    never |
@@ -25,31 +27,35 @@ namespace avo::ops::log_softmax {
 //   | forward  | sm_90 (NVIDIA H200) | tiled     |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200) | cluster   |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200) | wide      |     4096 |     4096 |     1024 |
+//   | forward  | sm_90 (NVIDIA H200) | coarse    |    never |    never |    never |
 //   | forward  | any other GPU       | staged    |    never |    never |    never |
 //   | forward  | any other GPU       | global    |    never |    never |    never |
 //   | forward  | any other GPU       | pipelined |    never |    never |    never |
 //   | forward  | any other GPU       | tiled     |    never |    never |    never |
 //   | forward  | any other GPU       | cluster   |    never |    never |    never |
 //   | forward  | any other GPU       | wide      |    never |    never |    never |
+//   | forward  | any other GPU       | coarse    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | staged    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | global    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | pipelined |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | tiled     |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | cluster   |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | wide      |    never |    never |    never |
+//   | backward | sm_90 (NVIDIA H200) | coarse    |    never |    never |    never |
 //   | backward | any other GPU       | staged    |    never |    never |    never |
 //   | backward | any other GPU       | global    |    never |    never |    never |
 //   | backward | any other GPU       | pipelined |    never |    never |    never |
 //   | backward | any other GPU       | tiled     |    never |    never |    never |
 //   | backward | any other GPU       | cluster   |    never |    never |    never |
 //   | backward | any other GPU       | wide      |    never |    never |    never |
+//   | backward | any other GPU       | coarse    |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 1024}},
-    {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 1024}, {avo::kNever, avo::kNever, avo::kNever}},
+    {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
-    {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
+    {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 
 void forward_cuda(avo::DType dtype, const ForwardArgs& args, cudaStream_t stream) {

@@ -11,8 +11,36 @@
 namespace avo {
 
 // Rows of at least this many elements are "long": their parameter gradients take fewer,
-// larger chunks (csrc/row_binding.h).
+// larger chunks (rows_per_chunk).
 constexpr int64_t kLongRow = 32768;
+
+// Chunks of the per-column sums, each one worker's (a GPU block's, group's or cluster's)
+// rows: kRowsPerChunk rows each (the partials then add 1/kRowsPerChunk of the rows' size
+// in fp32), fewer when that would leave under kMinChunks chunks (a few rows: 8 chunks of
+// 32 rows would keep 8 blocks busy on a GPU of 132 multiprocessors), more when it would
+// make over kMaxChunks. Rows of kLongRow elements or more need fewer chunks to fill the
+// GPU (a chunk's worker is a cluster of up to 16 blocks on sm_90) and cost more per
+// chunk: at least kMinLongRowChunks. With a chunk per row, layernorm's backward at
+// 256x262144 wrote and re-read 512 MiB of partials for 384 MiB of rows. `coarse`: at
+// least kMinCoarseChunks instead of kMinChunks, which some GPU backwards are faster with
+// (the dispatch table's coarse_chunks line, avo/row_version.h; rmsnorm's 16-bit backward
+// at 4096x16384 1.13x on the H200). The binding sizes the partials for the finer chunks,
+// never fewer than the coarse ones. The chunks fix the order of the sums: the result
+// depends on the shape and, on the GPU, on its table.
+constexpr int64_t kRowsPerChunk = 32;
+constexpr int64_t kMinChunks = 256;
+constexpr int64_t kMinCoarseChunks = 128;
+constexpr int64_t kMaxChunks = 4096;
+constexpr int64_t kMinLongRowChunks = 64;
+
+inline int64_t rows_per_chunk(int64_t rows, int64_t length, bool coarse = false) {
+  const int64_t min_chunks = length >= kLongRow ? kMinLongRowChunks : coarse ? kMinCoarseChunks : kMinChunks;
+  int64_t spread = (rows + min_chunks - 1) / min_chunks;
+  if (spread < 1) spread = 1;
+  if (spread > kRowsPerChunk) spread = kRowsPerChunk;
+  const int64_t fewest = (rows + kMaxChunks - 1) / kMaxChunks;
+  return spread > fewest ? spread : fewest;
+}
 
 // The tiled version of the GPU backwards with per-column sums (row_cuda.cuh) cuts a row
 // of 16-byte vectors into tiles of kTileThreads * kTileVectors vectors, one block each.

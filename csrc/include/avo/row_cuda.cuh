@@ -2158,8 +2158,26 @@ RowThresholds row_thresholds(const RowTuning (&table)[N], int arch) {
   for (const RowTuning& row : table)
     if (row.arch == arch || row.arch == 0)
       return {row.staged_min_vectors[index], row.global_min_vectors[index], row.pipelined_min_vectors[index],
-              row.tiled_min_vectors[index], row.cluster_min_vectors[index], row.wide_min_vectors[index]};
+              row.tiled_min_vectors[index], row.cluster_min_vectors[index], row.wide_min_vectors[index],
+              row.coarse_chunks_min_vectors[index]};
   return {};
+}
+
+// The call's arguments with coarse chunks of rows for the per-column sums where the
+// table (coarse_chunks_min_vectors, rows of 16-byte vectors) or a forced choice says so;
+// otherwise as the binding chunked them.
+template <typename Args>
+Args with_table_chunks(const Args& given, bool chunked, bool vectorized, int64_t vectors, const RowThresholds& table) {
+  Args args = given;
+  const ChunkSize forced = forced_chunk_size();
+  const bool coarse = forced == ChunkSize::kAuto ? vectorized && vectors >= table.coarse_chunks_min_vectors
+                                                 : forced == ChunkSize::kCoarse;
+  if (chunked && coarse) {
+    args.rows_per_chunk = rows_per_chunk(args.rows, args.length, true);
+    args.chunks = (args.rows + args.rows_per_chunk - 1) / args.rows_per_chunk;
+  }
+  last_rows_per_chunk() = chunked ? args.rows_per_chunk : 0;
+  return args;
 }
 
 // Picks the kernel version for the call (pick_row_version, with the thresholds of the
@@ -2167,14 +2185,15 @@ RowThresholds row_thresholds(const RowTuning (&table)[N], int arch) {
 // the call wants per-column outputs. The device is looked up once, here: each lookup
 // costs host time.
 template <typename T, typename Args, typename Math, size_t N>
-void launch_row_op(const Args& args, const Math& math, const RowTuning (&tuning)[N], cudaStream_t stream) {
-  if (args.rows == 0) return;
+void launch_row_op(const Args& given, const Math& math, const RowTuning (&tuning)[N], cudaStream_t stream) {
+  if (given.rows == 0) return;
   const DeviceInfo device = current_device_info();
   const RowThresholds table = row_thresholds<T>(tuning, device.arch);
   constexpr int V = 16 / sizeof(T);
-  const bool chunked = wants_column_sums<Math>(args);
-  const bool vectorized = args.length % V == 0 && element_tensors_aligned<Math>(args, 16);
-  const int64_t vectors = vectorized ? args.length / V : args.length;
+  const bool chunked = wants_column_sums<Math>(given);
+  const bool vectorized = given.length % V == 0 && element_tensors_aligned<Math>(given, 16);
+  const int64_t vectors = vectorized ? given.length / V : given.length;
+  const Args args = with_table_chunks(given, chunked, vectorized, vectors, table);
   const bool fits_registers = vectors <= int64_t(kRowVectors<Math>) * kMaxGroupThreads<Math>;
   const bool fits_wide = kWideRow<Math> && vectorized && vectors <= int64_t(kWideRowVectors<Math>) * kWideRowThreads;
   const size_t staged_bytes = staged_row_bytes<T, Math>(args.length);

@@ -19,8 +19,10 @@ namespace avo {
 // registers of a block or its shared memory hold take the cluster version instead from
 // cluster_min_vectors[t] on (where it fits; sm_90). The register version takes wide rows
 // (groups of 512 threads holding twice the vectors, where the math can: kWideRow) from
-// wide_min_vectors[t] on, and where only they hold the row. The generated sources hold
-// these tables, from the files of tuning/ (benchmarks/tune_rows.py writes them).
+// wide_min_vectors[t] on, and where only they hold the row. A backward with per-column
+// sums spreads its rows over coarse chunks (rows_per_chunk in avo/row_args.h) from
+// coarse_chunks_min_vectors[t] on. The generated sources hold these tables, from the
+// files of tuning/ (benchmarks/tune_rows.py writes them).
 struct RowTuning {
   int arch;
   int64_t staged_min_vectors[3];
@@ -29,6 +31,7 @@ struct RowTuning {
   int64_t tiled_min_vectors[3];
   int64_t cluster_min_vectors[3];
   int64_t wide_min_vectors[3];
+  int64_t coarse_chunks_min_vectors[3];
 };
 
 // A version never taken by choice, only where no other fits.
@@ -42,6 +45,7 @@ struct RowThresholds {
   int64_t tiled_min_vectors = kNever;
   int64_t cluster_min_vectors = kNever;
   int64_t wide_min_vectors = kNever;
+  int64_t coarse_chunks_min_vectors = kNever;
 };
 
 // kPipelined is the register version loading the next row ahead (pipelined_rows), kWide
@@ -60,6 +64,20 @@ inline RowVersion& forced_row_version() {
 // a version reads it to know whether its times are that version's.
 inline RowVersion& last_row_version() {
   static RowVersion last = RowVersion::kAuto;
+  return last;
+}
+
+// The chunks of a GPU backward with per-column sums: as its table says (kAuto), or forced
+// fine or coarse (rows_per_chunk's `coarse`), for tests and benchmarks
+// (avo_ops._C.set_chunk_size). The rows a chunk of the last call with per-column sums:
+// a benchmark reads it to know whether forcing changed the chunks.
+enum class ChunkSize { kAuto = -1, kFine, kCoarse };
+inline ChunkSize& forced_chunk_size() {
+  static ChunkSize forced = ChunkSize::kAuto;
+  return forced;
+}
+inline int64_t& last_rows_per_chunk() {
+  static int64_t last = 0;
   return last;
 }
 
