@@ -275,19 +275,19 @@ def main(argv=None) -> int:
             shape = case.layout((max(1, args.elements // n), n))
             tried = [v for v in versions if v not in UNTIMED[direction]]
             times = {v: time_version(avo_ops, case, shape, dtype, v, timer) for v in tried}
-            if CHUNK_TABLE in table_names and direction == "bwd":
-                chunk_times = time_chunk_sizes(avo_ops, case, shape, dtype, timer)
-                tried += list(chunk_times) or ["chunks"]
-                times.update(chunk_times or {"chunks": None})
+            chunked = CHUNK_TABLE in table_names and direction == "bwd"
+            chunk_times = time_chunk_sizes(avo_ops, case, shape, dtype, timer) if chunked else {}
             timed = [v for v in tried if times[v] is not None]
             vectors = n * dtype.itemsize // 16
             measurements.append({"op": op, "kernel": ROLES[direction], "dtype": dtype_name, "row_length": n,
                                  "vectors": vectors, "shape": list(shape),
-                                 **{f"{v}_us": round(times[v], 2) for v in timed}})
+                                 **{f"{v}_us": round(times[v], 2) for v in timed},
+                                 **{f"{k}_us": round(t, 2) for k, t in chunk_times.items()}})
+            chunk_note = ([f"{k} {t:.1f} us" for k, t in chunk_times.items()] or ["chunks the same either way"]
+                          if chunked else [])
             print(f"[{i}/{len(plan)}] {op}.{direction} {dtype_name} N={n}: "
-                  + ", ".join(f"{v} {times[v]:.1f} us" if times[v] is not None
-                              else "chunks the same either way" if v == "chunks" else f"{v} cannot take it"
-                              for v in tried), file=sys.stderr, flush=True)
+                  + ", ".join([f"{v} {times[v]:.1f} us" if times[v] is not None else f"{v} cannot take it"
+                               for v in tried] + chunk_note), file=sys.stderr, flush=True)
     found = {group: thresholds(points, table_names, args.margin, args.tolerance)
              for group, points in by_group(measurements).items()}
     run = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -141,9 +141,7 @@ RowCall<NumInputs, NumOutputs> prepare_rows(const char* op, const std::array<Row
       if (wanted[k] && output_domains[k] == Domain::Col) call.outputs[k].zero_();
   }
   if (column_outputs && rows > 0 && column_sums > 0) {
-    const int64_t per_chunk = rows_per_chunk(rows, length);
-    call.args.rows_per_chunk = per_chunk;
-    call.args.chunks = (rows + per_chunk - 1) / per_chunk;
+    avo::chunk_rows(call.args);
     // Uninitialised: every kernel version sets each chunk's partials (its first row or its
     // whole sums at once) before it adds to them. On the GPU the tiled version's tile sums
     // follow them (avo/row_args.h).

@@ -42,6 +42,14 @@ inline int64_t rows_per_chunk(int64_t rows, int64_t length, bool coarse = false)
   return spread > fewest ? spread : fewest;
 }
 
+// Sets args.rows_per_chunk and args.chunks by rows_per_chunk (the binding, fine chunks;
+// the GPU launch again where its table takes coarse ones).
+template <typename Args>
+void chunk_rows(Args& args, bool coarse = false) {
+  args.rows_per_chunk = rows_per_chunk(args.rows, args.length, coarse);
+  args.chunks = (args.rows + args.rows_per_chunk - 1) / args.rows_per_chunk;
+}
+
 // The tiled version of the GPU backwards with per-column sums (row_cuda.cuh) cuts a row
 // of 16-byte vectors into tiles of kTileThreads * kTileVectors vectors, one block each.
 // Its first kernel writes each tile's part of the row's reduction: [rows,

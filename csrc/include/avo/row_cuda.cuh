@@ -2172,10 +2172,7 @@ Args with_table_chunks(const Args& given, bool chunked, bool vectorized, int64_t
   const ChunkSize forced = forced_chunk_size();
   const bool coarse = forced == ChunkSize::kAuto ? vectorized && vectors >= table.coarse_chunks_min_vectors
                                                  : forced == ChunkSize::kCoarse;
-  if (chunked && coarse) {
-    args.rows_per_chunk = rows_per_chunk(args.rows, args.length, true);
-    args.chunks = (args.rows + args.rows_per_chunk - 1) / args.rows_per_chunk;
-  }
+  if (chunked && coarse) chunk_rows(args, true);
   last_rows_per_chunk() = chunked ? args.rows_per_chunk : 0;
   return args;
 }
