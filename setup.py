@@ -89,8 +89,13 @@ def extension():
     # (F::fma). The CPU kernels are compiled for several instruction sets (AVO_CPU_KERNEL,
     # avo/common.h) that must give the same bits, and one expression evaluated in several
     # passes over a row must agree (as -fmad=false below, for the CUDA kernels).
+    # -fno-trapping-math: the kernels never read the floating-point exception flags, and
+    # without it GCC may not turn the math's selects (erf's two formulas, exp's range
+    # limits) into vector blends where the instruction set has no masked arithmetic: the
+    # AVX2 and baseline copies then ran one element at a time, 4-8x slower than the
+    # AVX-512 one (benchmarks/results/2026-12-05-cpu-avx2-loops/). Same bits either way.
     openmp = openmp_flags()
-    cxx_flags = ["-O3", "-ffp-contract=off", *openmp]
+    cxx_flags = ["-O3", "-ffp-contract=off", "-fno-trapping-math", *openmp]
     # Some toolchains link libstdc++ statically. Its symbols must then stay private to the
     # extension: exported, the process's own libstdc++ (torch's) would take over some of
     # them (its locale tables, say) and formatting a number in an error message crashes.
