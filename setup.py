@@ -13,6 +13,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import subprocess
 import sys
 import time
 
@@ -79,6 +80,23 @@ def openmp_flags() -> list[str]:
     return ["-fopenmp"] if sys.platform.startswith("linux") and openmp_backend else []
 
 
+def gcc_vectorizer_flags() -> list[str]:
+    """GCC vectorizes a loop whose pointers might overlap by testing at run time that they
+    do not, up to 10 pairs of them by default. A backward pass with per-column sums
+    (layernorm's: dy, x, weight, dx and two rows of partial sums) has more, and its loop
+    ran one element at a time: with up to 32, layernorm's fp32 backward on the CPU ran
+    1.96x faster, swish_layernorm's 1.73x (benchmarks/results/2026-12-05-cpu-copies/).
+    Other compilers take no such parameter."""
+    compiler = os.environ.get("CXX", "c++")
+    try:
+        macros = subprocess.run([compiler, "-dM", "-E", "-x", "c++", os.devnull], capture_output=True, text=True,
+                                check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return []
+    is_gcc = "#define __GNUC__" in macros and "__clang__" not in macros
+    return ["--param=vect-max-version-for-alias-checks=32"] if is_gcc else []
+
+
 def extension():
     from torch.utils.cpp_extension import CppExtension, CUDAExtension
 
@@ -86,8 +104,8 @@ def extension():
     sources = ["csrc/python_module.cpp", *sorted(glob.glob("csrc/generated/*.cpp"))]
     include_dirs = [os.path.join(ROOT, d) for d in ("csrc/include", "csrc", "csrc/generated")]
     # -ffp-contract=off: no fused multiply-add but the ones the generated math writes
-    # (F::fma). The CPU kernels are compiled for several instruction sets (AVO_CPU_KERNEL,
-    # avo/common.h) that must give the same bits, and one expression evaluated in several
+    # (F::fma). The CPU kernels are compiled for several instruction sets
+    # (avo/cpu_copies.h) that must give the same bits, and one expression evaluated in several
     # passes over a row must agree (as -fmad=false below, for the CUDA kernels).
     # -fno-trapping-math: the kernels never read the floating-point exception flags, and
     # without it GCC may not turn the math's selects (erf's two formulas, exp's range
@@ -95,7 +113,7 @@ def extension():
     # AVX2 and baseline copies then ran one element at a time, 4-8x slower than the
     # AVX-512 one (benchmarks/results/2026-12-05-cpu-avx2-loops/). Same bits either way.
     openmp = openmp_flags()
-    cxx_flags = ["-O3", "-ffp-contract=off", "-fno-trapping-math", *openmp]
+    cxx_flags = ["-O3", "-ffp-contract=off", "-fno-trapping-math", *gcc_vectorizer_flags(), *openmp]
     # Some toolchains link libstdc++ statically. Its symbols must then stay private to the
     # extension: exported, the process's own libstdc++ (torch's) would take over some of
     # them (its locale tables, say) and formatting a number in an error message crashes.

@@ -1,7 +1,7 @@
 // The Python module `avo_ops._C`. Importing it runs the static TORCH_LIBRARY
 // registrations of the linked op sources; it exposes built_with_cuda(), cpu_threads(),
-// set_row_version(), last_row_version(), set_chunk_size() and last_rows_per_chunk() (for
-// tests and benchmarks), and the ops' entry points for the functional API (generated/python_calls.cpp).
+// set_row_version(), last_row_version(), set_chunk_size(), last_rows_per_chunk(),
+// cpu_copies(), set_cpu_copy() and cpu_copy() (for tests and benchmarks), and the ops' entry points for the functional API (generated/python_calls.cpp).
 #include <Python.h>
 
 #include <ATen/Parallel.h>
@@ -9,7 +9,9 @@
 #include <cstring>
 #include <mutex>
 #include <set>
+#include <string>
 
+#include <avo/cpu_copies.h>
 #include <avo/row_version.h>
 
 namespace {
@@ -103,6 +105,56 @@ PyObject* set_chunk_size(PyObject*, PyObject* arg) {
 // call (0 when it had none, or before any).
 PyObject* last_rows_per_chunk(PyObject*, PyObject*) { return PyLong_FromLongLong(avo::last_rows_per_chunk()); }
 
+const struct {
+  const char* name;
+  avo::CpuCopy copy;
+} kCpuCopies[] = {{"avx512", avo::CpuCopy::kAvx512}, {"avx2", avo::CpuCopy::kAvx2}, {"baseline", avo::CpuCopy::kBaseline}};
+
+// cpu_copies(): the names of the copies of the CPU kernels this build has and this machine
+// can run, best first (avo/cpu_copies.h).
+PyObject* cpu_copies(PyObject*, PyObject*) {
+  PyObject* names = PyList_New(0);
+  for (const auto& c : kCpuCopies) {
+    if (names == nullptr || !avo::cpu_copy_available(c.copy)) continue;
+    PyObject* name = PyUnicode_FromString(c.name);
+    if (name == nullptr || PyList_Append(names, name) < 0) Py_CLEAR(names);
+    Py_XDECREF(name);
+  }
+  return names;
+}
+
+// set_cpu_copy(name): "auto" or one of cpu_copies().
+PyObject* set_cpu_copy(PyObject*, PyObject* arg) {
+  const char* name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : nullptr;
+  if (name == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "set_cpu_copy: expected a str");
+    return nullptr;
+  }
+  if (std::strcmp(name, "auto") == 0) {
+    avo::forced_cpu_copy() = avo::CpuCopy::kAuto;
+    Py_RETURN_NONE;
+  }
+  std::string available;
+  for (const auto& c : kCpuCopies) {
+    if (!avo::cpu_copy_available(c.copy)) continue;
+    if (std::strcmp(name, c.name) == 0) {
+      avo::forced_cpu_copy() = c.copy;
+      Py_RETURN_NONE;
+    }
+    available += std::string(", '") + c.name + "'";
+  }
+  PyErr_Format(PyExc_ValueError, "set_cpu_copy: '%s' is not a copy of the CPU kernels this build and machine run; expected 'auto'%s",
+               name, available.c_str());
+  return nullptr;
+}
+
+// cpu_copy(): the name of the copy the CPU kernels run now.
+PyObject* cpu_copy(PyObject*, PyObject*) {
+  for (const auto& c : kCpuCopies)
+    if (c.copy == avo::cpu_copy()) return PyUnicode_FromString(c.name);
+  return PyUnicode_FromString("baseline");
+}
+
 PyMethodDef methods[] = {
     {"built_with_cuda", built_with_cuda, METH_NOARGS, "True when the extension has CUDA kernels."},
     {"cpu_threads", cpu_threads, METH_NOARGS,
@@ -119,6 +171,13 @@ PyMethodDef methods[] = {
     {"last_rows_per_chunk", last_rows_per_chunk, METH_NOARGS,
      "The rows a chunk of the per-column sums of the last CUDA row-op call (0 without them). For tests and "
      "benchmarks."},
+    {"cpu_copies", cpu_copies, METH_NOARGS,
+     "The copies of the CPU kernels this build has and this machine can run, best first ('avx512', 'avx2', "
+     "'baseline'). For tests and benchmarks."},
+    {"set_cpu_copy", set_cpu_copy, METH_O,
+     "Makes every CPU kernel run one of cpu_copies(), or the best this machine has ('auto'). For tests and "
+     "benchmarks."},
+    {"cpu_copy", cpu_copy, METH_NOARGS, "The copy of the CPU kernels that calls run now. For tests and benchmarks."},
     {nullptr, nullptr, 0, nullptr},
 };
 

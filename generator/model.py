@@ -8,6 +8,7 @@ from __future__ import annotations
 import keyword
 import math
 import re
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,6 +170,19 @@ def _number(item: YNode, what: str) -> float:
     return value
 
 
+def _exact_in(value: float, dtype: str) -> bool:
+    """Whether `value`, as the float32 literal the kernels write, survives a round trip
+    through `dtype`."""
+    try:
+        single = struct.unpack("<f", struct.pack("<f", value))[0]
+        if dtype == "float16":
+            return struct.unpack("<e", struct.pack("<e", single))[0] == single
+    except (OverflowError, struct.error):
+        return False
+    low_bits = struct.unpack("<I", struct.pack("<f", single))[0] & 0xFFFF  # bfloat16: a float32's upper half
+    return dtype == "float32" or low_bits == 0
+
+
 def _parse_input(name: str, node: YNode) -> TensorInput:
     check_name(name, node.where, "input")
     if node.kind == "list":  # shorthand: `x: [...]`
@@ -301,6 +315,13 @@ def parse_spec(root: YNode, path: str) -> OpSpec:
         if a.default is None and required_after_optional:
             raise SpecError(a.where, f"attribute '{a.name}' has no default but follows one that has")
         required_after_optional |= a.default is not None
+    for i in inputs:
+        if i.default is None:
+            continue
+        for d in dtypes:
+            if not _exact_in(i.default, d):
+                raise SpecError(i.where, f"the default of input '{i.name}', {i.default!r}, is not exact in {d} "
+                                         "(a missing input is read as a row of its default in the op's dtype)")
     input_names = {i.name for i in inputs}
     for g in grads:
         if g.name not in input_names:

@@ -12,6 +12,8 @@ import sys
 import pytest
 import torch
 
+import avo_ops  # noqa: F401  (registers torch.ops.avo, which the cases call)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
@@ -385,6 +387,24 @@ def test_cpu_benchmark_times_every_case_it_was_asked_for(tmp_path):
     assert all(r["avo_ms"] > 0 and r["torch_ms"] > 0 and r["avo_frac_copy"] > 0 for r in data["rows"])
     assert data["copy_gbps"] > 0
     assert md.read_text().count("\n| silu |") == 4
+
+
+def test_cpu_benchmark_times_each_copy_of_the_cpu_kernels(tmp_path):
+    from avo_ops import _C
+
+    out = tmp_path / "cpu.json"
+    assert bench_cpu.main(["--ops", "gelu", "--dirs", "fwd", "--dtypes", "bf16", "--rows", "8", "--row-length", "64",
+                           "--reps", "3", "--cpu-copies", "all", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert [r["copy"] for r in data["rows"]] == _C.cpu_copies() == data["cpu_copies"]
+    assert all(r["avo_ms"] > 0 for r in data["rows"])
+    assert _C.cpu_copy() == _C.cpu_copies()[0]  # back to the best one
+
+
+def test_cpu_benchmark_names_a_copy_the_machine_does_not_run(capsys):
+    with pytest.raises(SystemExit):
+        bench_cpu.main(["--ops", "gelu", "--cpu-copies", "baseline,avx1024"])
+    assert "do not run avx1024" in capsys.readouterr().err
 
 
 def test_cpu_benchmark_names_an_unknown_op():

@@ -175,7 +175,7 @@ doc: >
 dtypes: [float32, bfloat16]
 inputs:
   x: {shape: [...], doc: the input}
-  bias: {shape: [...], optional: true, default: 1e-5}
+  bias: {shape: [...], optional: true, default: 6.25e-2}
   scale: [...]
 attrs:
   alpha: {type: float}
@@ -206,7 +206,7 @@ def test_complete_spec_parses_into_the_model():
 
     assert [(i.name, i.shape, i.optional, i.default, i.doc) for i in spec.inputs] == [
         ("x", ("...",), False, None, "the input"),
-        ("bias", ("...",), True, 1e-5, ""),
+        ("bias", ("...",), True, 0.0625, ""),
         ("scale", ("...",), False, None, ""),
     ]
     assert [i.where.line for i in spec.inputs] == [7, 8, 9]
@@ -382,6 +382,10 @@ ERROR_CASES = [
      "optional input 'b' needs a default"),
     ("default-on-required-input", [("optional: true, default: 0}", "default: 0}")], 6,
      "input 'b' has a default but is not optional"),
+    ("default-not-exact-in-a-dtype", [("[float32]", "[float32, float16]"), ("default: 0}", "default: 0.1}")], 6,
+     "the default of input 'b', 0.1, is not exact in float16"),
+    ("default-not-exact-in-bfloat16", [("[float32]", "[float32, bfloat16]"), ("default: 0}", "default: 257}")], 6,
+     "the default of input 'b', 257, is not exact in bfloat16"),
     ("ellipsis-not-first", [("x: {shape: [...]}", "x: {shape: [N, ...]}")], 5, "'...' may only lead the shape of input 'x'"),
     ("repeated-dimension", [("x: {shape: [...]}", "x: {shape: [..., N, N]}")], 5, "the shape of input 'x' repeats a dimension"),
     ("row-output-varies-along-the-row", [("x: {shape: [...]}", "x: {shape: [..., N]}")], 11,
@@ -724,7 +728,7 @@ doc: An op with every kind of input, attribute and output, to exercise the emitt
 dtypes: [float32, float16, bfloat16]
 inputs:
   x: [...]
-  bias: {shape: [...], optional: true, default: 1e-5}
+  bias: {shape: [...], optional: true, default: 6.25e-2}
 attrs:
   alpha: {type: float}
   steps: {type: int, default: 2}

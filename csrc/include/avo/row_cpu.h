@@ -3,12 +3,14 @@
 // length), in kSumLanes running sums (below).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
 #include "common.h"
+#include "cpu_copies.h"
 #include "math.h"
 #include "row_args.h"
 
@@ -21,16 +23,27 @@ namespace avo {
 // machine, instruction set and thread count.
 constexpr int kSumLanes = 8;
 
-// out[k] = the reduction with `add` of the values v[k] that values(n, v) sets for n in
-// [0, length): element n goes to lane n % kSumLanes, the lanes are combined pairwise in a
-// fixed order at the end. Blocks of kSumBlock elements are computed first and added to
-// the lanes after: the loop that computes them then vectorizes (math and all), where one
-// that adds each value as it comes would not.
+// out[k] = the reduction of the values v[k] that values(n, v) sets for n in [0, length),
+// each added to a running value by combine(running, value) (in place): element n goes to
+// lane n % kSumLanes, the lanes are combined pairwise in a fixed order at the end. Blocks
+// of kSumBlock elements are computed first and added to the lanes after: the loop that
+// computes them then vectorizes (math and all), where one that adds each value as it
+// comes would not. The lanes are one vector of GCC's vector extension, which `combine`
+// takes as well as single values (a generic lambda, by reference: GCC warns that a vector
+// wider than the registers is passed by value differently by each instruction set): a
+// block goes to them in one vector addition per kSumLanes values, in every kernel. As
+// eight separate values the compiler vectorized them in some kernels and not in others,
+// as the rest of the function varied (swish_layernorm's bf16 forward ran 1.3x slower).
 constexpr int kSumBlock = 64;
-template <int K, typename V, typename Add, typename Values>
-inline void lane_reduce(int64_t length, V start, Add add, Values values, V (&out)[K]) {
+template <typename V>
+struct SumLanes {
+  typedef V type __attribute__((vector_size(kSumLanes * sizeof(V))));
+};
+template <int K, typename V, typename Combine, typename Values>
+inline void lane_reduce(int64_t length, V start, Combine combine, Values values, V (&out)[K]) {
   static_assert(kSumBlock % kSumLanes == 0, "a block fills every lane alike");
-  V lanes[K][kSumLanes];
+  using Lanes = typename SumLanes<V>::type;
+  Lanes lanes[K];
   for (int k = 0; k < K; ++k)
     for (int l = 0; l < kSumLanes; ++l) lanes[k][l] = start;
   int64_t n = 0;
@@ -42,27 +55,31 @@ inline void lane_reduce(int64_t length, V start, Add add, Values values, V (&out
       for (int k = 0; k < K; ++k) block[k][j] = v[k];
     }
     for (int k = 0; k < K; ++k)
-      for (int j = 0; j < kSumBlock; j += kSumLanes)
-AVO_UNROLL
-        for (int l = 0; l < kSumLanes; ++l) lanes[k][l] = add(lanes[k][l], block[k][j + l]);
+      for (int j = 0; j < kSumBlock; j += kSumLanes) {
+        Lanes b;
+        std::memcpy(&b, &block[k][j], sizeof b);
+        combine(lanes[k], b);
+      }
   }
+  V each[K][kSumLanes];
+  std::memcpy(each, lanes, sizeof each);
   for (; n < length; ++n) {
     V v[K];
     values(n, v);
-    for (int k = 0; k < K; ++k) lanes[k][n % kSumLanes] = add(lanes[k][n % kSumLanes], v[k]);
+    for (int k = 0; k < K; ++k) combine(each[k][n % kSumLanes], v[k]);
   }
   for (int k = 0; k < K; ++k) {
     for (int width = kSumLanes / 2; width > 0; width /= 2)
-      for (int l = 0; l < width; ++l) lanes[k][l] = add(lanes[k][l], lanes[k][l + width]);
-    out[k] = lanes[k][0];
+      for (int l = 0; l < width; ++l) combine(each[k][l], each[k][l + width]);
+    out[k] = each[k][0];
   }
 }
 
 // The same for one value an element: value(n) returns it.
-template <typename V, typename Add, typename Value>
-inline V lane_reduce(int64_t length, V start, Add add, Value value) {
+template <typename V, typename Combine, typename Value>
+inline V lane_reduce(int64_t length, V start, Combine combine, Value value) {
   V out[1];
-  lane_reduce(length, start, add, [&](int64_t n, V (&v)[1]) { v[0] = value(n); }, out);
+  lane_reduce(length, start, combine, [&](int64_t n, V (&v)[1]) { v[0] = value(n); }, out);
   return out[0];
 }
 
@@ -104,8 +121,9 @@ inline float lane_extreme(int64_t length, Value value) {
     out[n % kSumLanes] = plain(out[n % kSumLanes], v);
   }
   if (saw_nan) {
-    return lane_reduce(length, kStart, [](float a, float b) {
-      return kMaximum ? Functions<Exact>::maximum(a, b) : Functions<Exact>::minimum(a, b);
+    // Functions<Exact>::maximum and minimum, on single values and on vectors of them.
+    return lane_reduce(length, kStart, [](auto& a, const auto& b) {
+      a = ((a != a) | (kMaximum ? a > b : a < b)) ? a : b;
     }, value);
   }
   for (int width = kSumLanes / 2; width > 0; width /= 2)
@@ -127,18 +145,15 @@ struct SerialRow : RowView<T, Args> {
 
   SerialRow(const Args& a, int64_t row, float* worker_scratch) : RowView<T, Args>(a, row), scratch(worker_scratch) {}
 
-  // Element n of the row, as the generated lambdas see it. kColumnsGiven: every
-  // per-column input the pass reads is present, so load_col reads without testing the
-  // pointer (see with_columns).
-  template <bool kColumnsGiven>
+  // Element n of the row, as the generated lambdas see it.
   struct At {
     const SerialRow& row;
     int64_t n;
     float load(int k) const { return row.load(k, n); }
-    float load_col(int k, float missing) const {
-      if constexpr (kColumnsGiven) return Element<T>::to_float(static_cast<const T*>(row.args.inputs[k])[n]);
-      else return row.load_col(k, n, missing);
-    }
+    // Every per-column input is present here: run_rows hands a missing one in as a row of
+    // its default (exact in T: the generator checks the spec's). A 16-bit load behind a
+    // pointer test vectorizes only where the instruction set masks loads (AVX-512).
+    float load_col(int k, float) const { return Element<T>::to_float(static_cast<const T*>(row.args.inputs[k])[n]); }
     void store(int k, float value) const { row.store(k, n, value); }
     // A kept value is computed in the pass that keeps it and read back from the scratch
     // row in the later ones (see generator/emit_row.py).
@@ -156,44 +171,25 @@ struct SerialRow : RowView<T, Args> {
     template <typename F>
     float kept_on_host(int i, F value) const { return kept(row.kept_values + i, value); }
   };
-
-  // Runs `pass` with the accessor of element n for a pass reading the per-column inputs
-  // of mask M. Where all of them are present, the one whose load_col does not test the
-  // pointer: a loop whose 16-bit loads depend on a test vectorizes only where the
-  // instruction set has masked 16-bit loads (AVX-512), and GCC did not take the test out
-  // of the loop by itself. Same loads, same values.
-  template <unsigned M, typename Pass>
-  auto with_columns(Pass pass) const {
-    if constexpr (M != 0) {
-      bool given = true;
-      for (int k = 0; k < Args::kInputs; ++k)
-        if (((M >> k) & 1u) && args.inputs[k] == nullptr) given = false;
-      if (given) return pass([this](int64_t n) { return At<true>{*this, n}; });
-    }
-    return pass([this](int64_t n) { return At<false>{*this, n}; });
-  }
+  At at(int64_t n) const { return At{*this, n}; }
 
   // Every pass takes the per-column inputs it reads (Columns, row_args.h) first; the
   // CPU reads them element by element and needs no list.
   template <unsigned M, typename F>
   float sum(Columns<M>, F term) const {
-    return with_columns<M>([&](auto at) {
-      return float(lane_reduce(args.length, 0.0, add_double, [&](int64_t n) { return double(term(at(n))); }));
-    });
+    return float(lane_reduce(args.length, 0.0, add_to, [&](int64_t n) { return double(term(at(n))); }));
   }
   // Several sums in one pass: out[k] = the sum of terms[k] over the row.
   template <unsigned M, int K, typename F>
   void sums(Columns<M>, float (&out)[K], F terms_at) const {
     double total[K];
-    with_columns<M>([&](auto at) {
-      lane_reduce(args.length, 0.0, add_double,
-                  [&](int64_t n, double (&v)[K]) {
-                    float terms[K];
-                    terms_at(at(n), terms);
-                    for (int k = 0; k < K; ++k) v[k] = terms[k];
-                  },
-                  total);
-    });
+    lane_reduce(args.length, 0.0, add_to,
+                [&](int64_t n, double (&v)[K]) {
+                  float terms[K];
+                  terms_at(at(n), terms);
+                  for (int k = 0; k < K; ++k) v[k] = terms[k];
+                },
+                total);
     for (int k = 0; k < K; ++k) out[k] = float(total[k]);
   }
   // The sum of term over the row (out[0]) and the sum of the squares of its deviations
@@ -202,14 +198,12 @@ struct SerialRow : RowView<T, Args> {
   template <unsigned M, typename F>
   void moments(Columns<M>, float (&out)[2], F term) const {
     float* terms = scratch + int64_t(scratch_rows - 1) * args.length;
-    const double total = with_columns<M>([&](auto at) {
-      return lane_reduce(args.length, 0.0, add_double, [&](int64_t n) {
-        terms[n] = term(at(n));
-        return double(terms[n]);
-      });
+    const double total = lane_reduce(args.length, 0.0, add_to, [&](int64_t n) {
+      terms[n] = term(at(n));
+      return double(terms[n]);
     });
     const double mean = args.length > 0 ? total / double(args.length) : 0.0;
-    const double squares = lane_reduce(args.length, 0.0, add_double, [&](int64_t n) {
+    const double squares = lane_reduce(args.length, 0.0, add_to, [&](int64_t n) {
       const double d = double(terms[n]) - mean;
       return d * d;
     });
@@ -219,48 +213,42 @@ struct SerialRow : RowView<T, Args> {
   // The sum of the squares of term, in double.
   template <unsigned M, typename F>
   float sum_squares(Columns<M>, F term) const {
-    return with_columns<M>([&](auto at) {
-      return float(lane_reduce(args.length, 0.0, add_double, [&](int64_t n) {
-        const double t = term(at(n));
-        return t * t;
-      }));
-    });
+    return float(lane_reduce(args.length, 0.0, add_to, [&](int64_t n) {
+      const double t = term(at(n));
+      return t * t;
+    }));
   }
   template <unsigned M, typename F>
   float max(Columns<M>, F term) const {
-    return with_columns<M>([&](auto at) { return lane_extreme<true>(args.length, [&](int64_t n) { return term(at(n)); }); });
+    return lane_extreme<true>(args.length, [&](int64_t n) { return term(at(n)); });
   }
   template <unsigned M, typename F>
   float min(Columns<M>, F term) const {
-    return with_columns<M>([&](auto at) { return lane_extreme<false>(args.length, [&](int64_t n) { return term(at(n)); }); });
+    return lane_extreme<false>(args.length, [&](int64_t n) { return term(at(n)); });
   }
   template <unsigned M, typename F>
   void for_each(Columns<M>, F body) const {
-    with_columns<M>([&](auto at) {
-      for (int64_t n = 0; n < args.length; ++n) body(at(n));
-    });
+    for (int64_t n = 0; n < args.length; ++n) body(at(n));
   }
   // for_each whose body also yields the K per-column terms of its element, added to the
   // partial sums of this row's chunk (fp32, rows in order); the chunk's first row sets
   // them (the partials start uninitialised).
   template <int K, unsigned M, typename F>
   void for_each_with_column_sums(Columns<M>, F body) const {
-    with_columns<M>([&](auto at) {
-      if (args.partials == nullptr) {
-        float terms[K];
-        for (int64_t n = 0; n < args.length; ++n) body(at(n), terms);
-        return;
-      }
-      const int64_t chunk = r / args.rows_per_chunk;
-      const bool first = r % args.rows_per_chunk == 0;
-      float* partials[K];
-      for (int k = 0; k < K; ++k) partials[k] = args.partials + (k * args.chunks + chunk) * args.length;
-      for (int64_t n = 0; n < args.length; ++n) {
-        float terms[K];
-        body(at(n), terms);
-        for (int k = 0; k < K; ++k) partials[k][n] = first ? terms[k] : partials[k][n] + terms[k];
-      }
-    });
+    if (args.partials == nullptr) {
+      float terms[K];
+      for (int64_t n = 0; n < args.length; ++n) body(at(n), terms);
+      return;
+    }
+    const int64_t chunk = r / args.rows_per_chunk;
+    const bool first = r % args.rows_per_chunk == 0;
+    float* partials[K];
+    for (int k = 0; k < K; ++k) partials[k] = args.partials + (k * args.chunks + chunk) * args.length;
+    for (int64_t n = 0; n < args.length; ++n) {
+      float terms[K];
+      body(at(n), terms);
+      for (int k = 0; k < K; ++k) partials[k][n] = first ? terms[k] : partials[k][n] + terms[k];
+    }
   }
   void store_row(int k, float value) const { static_cast<T*>(args.outputs[k])[r] = Element<T>::from_float(value); }
   // A per-row value kept in fp32 (output k is a float buffer of one value per row).
@@ -269,7 +257,8 @@ struct SerialRow : RowView<T, Args> {
   }
 
  private:
-  static double add_double(double a, double b) { return a + b; }
+  // On single values and on lane_reduce's vectors of them.
+  static constexpr auto add_to = [](auto& sum, const auto& value) { sum += value; };
 };
 
 }  // namespace avo
@@ -280,26 +269,55 @@ namespace avo {
 
 // Rows [begin, end), in order.
 template <typename T, typename Args, typename Math>
-AVO_CPU_KERNEL void run_rows(const Args& args, const Math& math, int64_t begin, int64_t end) {
-  using Row = SerialRow<T, Args, Math>;
-  std::vector<float> scratch(size_t(Row::scratch_rows) * size_t(args.length));
-  for (int64_t r = begin; r < end; ++r) math.template apply<Exact>(Row(args, r, scratch.data()));
+struct RowsKernel {
+  static void run(const Args& args, const Math& math, int64_t begin, int64_t end) {
+    using Row = SerialRow<T, Args, Math>;
+    std::vector<float> scratch(size_t(Row::scratch_rows) * size_t(args.length));
+    for (int64_t r = begin; r < end; ++r) math.template apply<Exact>(Row(args, r, scratch.data()));
+  }
+};
+// A per-column input the call left out is read from a row of Math::column_default(k) in
+// T, this worker's (as the GPU rows fill a vector with it): every pass then loads weight
+// and bias the same way, whether the call gave them or not (SerialRow::At::load_col).
+// Filled here, outside the kernel's copies, which take the arguments by reference.
+template <typename T, typename Args, typename Math>
+void run_rows(const Args& args, const Math& math, int64_t begin, int64_t end) {
+  const auto left_out = [&](int k) { return ((Math::kColumnInputs >> k) & 1u) && args.inputs[k] == nullptr; };
+  int missing = 0;
+  for (int k = 0; k < Args::kInputs; ++k) missing += left_out(k);
+  std::vector<T> defaults(size_t(missing) * size_t(args.length));
+  Args given = args;
+  T* next = defaults.data();
+  for (int k = 0; k < Args::kInputs; ++k) {
+    if (!left_out(k)) continue;
+    std::fill(next, next + args.length, Element<T>::from_float(Math::column_default(k)));
+    given.inputs[k] = next;
+    next += args.length;
+  }
+  const Args& complete = given;
+  run_cpu_copy<RowsKernel<T, Args, Math>>(complete, math, begin, end);
 }
 
 // Column totals (avo/row_args.h), columns [begin, end): each source's rows added in order.
 template <typename T>
-AVO_CPU_KERNEL void run_column_totals(const ColumnTotals& totals, int64_t begin, int64_t end) {
-  std::vector<float> column(size_t(end > begin ? end - begin : 0));
-  for (int k = 0; k < totals.count; ++k) {
-    T* out = static_cast<T*>(totals.targets[k]);
-    if (out == nullptr) continue;
-    for (float& total : column) total = 0.0f;
-    for (int64_t r = 0; r < totals.rows; ++r) {
-      const float* source = totals.sources[k] + r * totals.length;
-      for (int64_t n = begin; n < end; ++n) column[n - begin] += source[n];
+struct ColumnTotalsKernel {
+  static void run(const ColumnTotals& totals, int64_t begin, int64_t end) {
+    std::vector<float> column(size_t(end > begin ? end - begin : 0));
+    for (int k = 0; k < totals.count; ++k) {
+      T* out = static_cast<T*>(totals.targets[k]);
+      if (out == nullptr) continue;
+      for (float& total : column) total = 0.0f;
+      for (int64_t r = 0; r < totals.rows; ++r) {
+        const float* source = totals.sources[k] + r * totals.length;
+        for (int64_t n = begin; n < end; ++n) column[n - begin] += source[n];
+      }
+      for (int64_t n = begin; n < end; ++n) out[n] = Element<T>::from_float(column[n - begin]);
     }
-    for (int64_t n = begin; n < end; ++n) out[n] = Element<T>::from_float(column[n - begin]);
   }
+};
+template <typename T>
+void run_column_totals(const ColumnTotals& totals, int64_t begin, int64_t end) {
+  run_cpu_copy<ColumnTotalsKernel<T>>(totals, begin, end);
 }
 
 // Per-column outputs, columns [begin, end): the chunks' partials summed in chunk order.

@@ -1,0 +1,99 @@
+// The CPU kernels' outermost loops (avo/row_cpu.h, avo/map_cpu.h) compiled for several
+// instruction sets, and the choice between them. No torch headers (DESIGN.md).
+//
+// With GCC 12 or later on x86-64 Linux each loop is compiled three times: for AVX-512
+// (x86-64-v4), AVX2 with FMA (x86-64-v3) and the x86-64 baseline (SSE2). A call runs the
+// best copy the machine has, or the one a test or benchmark asked for (set_cpu_copy in
+// avo_ops._C). `flatten` inlines the generated math into each copy, so that it is
+// compiled, and vectorized, for that instruction set too. The copies give the same bits:
+// the build passes -ffp-contract=off, so a fused multiply-add is only ever the one the
+// generated math asks for (F::fma), which every instruction set rounds alike
+// (tests/test_cpu_copies.py compares them). A NaN's sign aside: where both operands of a
+// sum or product are NaN, the instruction passes one on, and the compiler orders the
+// operands of each copy as it likes (softmax of a row with NaNs of both signs). Elsewhere,
+// or where the build defines AVO_ONE_CPU_COPY, there is one copy, for the build's target.
+#pragma once
+
+#if defined(__CUDACC__)
+#error "avo/cpu_copies.h is for the CPU kernels"
+#endif
+
+namespace avo {
+
+enum class CpuCopy : int { kAuto, kBaseline, kAvx2, kAvx512 };
+
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && defined(__x86_64__) && defined(__linux__) && \
+    !defined(AVO_ONE_CPU_COPY)
+#define AVO_CPU_COPIES 1
+#else
+#define AVO_CPU_COPIES 0
+#endif
+
+// Whether this build has copy c and this machine can run it. A one-copy build has
+// kBaseline alone (its copy, whatever the build's target).
+inline bool cpu_copy_available(CpuCopy c) {
+  switch (c) {
+    case CpuCopy::kBaseline:
+      return true;
+#if AVO_CPU_COPIES
+    case CpuCopy::kAvx2:
+      return __builtin_cpu_supports("x86-64-v3");
+    case CpuCopy::kAvx512:
+      return __builtin_cpu_supports("x86-64-v4");
+#endif
+    default:
+      return false;
+  }
+}
+
+// The copy every call runs while not kAuto (set_cpu_copy, for tests and benchmarks; the
+// caller checks cpu_copy_available).
+inline CpuCopy& forced_cpu_copy() {
+  static CpuCopy forced = CpuCopy::kAuto;
+  return forced;
+}
+
+// The copy a call runs now: the forced one, else the best this machine has.
+inline CpuCopy cpu_copy() {
+  if (forced_cpu_copy() != CpuCopy::kAuto) return forced_cpu_copy();
+  static const CpuCopy best = cpu_copy_available(CpuCopy::kAvx512) ? CpuCopy::kAvx512
+                              : cpu_copy_available(CpuCopy::kAvx2) ? CpuCopy::kAvx2
+                                                                   : CpuCopy::kBaseline;
+  return best;
+}
+
+namespace cpu_copies {
+// Kernel::run(a...), inlined whole into a function compiled for one instruction set.
+#if AVO_CPU_COPIES
+template <typename Kernel, typename... A>
+__attribute__((target("arch=x86-64-v4"), flatten)) void avx512(A&... a) {
+  Kernel::run(a...);
+}
+template <typename Kernel, typename... A>
+__attribute__((target("arch=x86-64-v3"), flatten)) void avx2(A&... a) {
+  Kernel::run(a...);
+}
+#endif
+template <typename Kernel, typename... A>
+__attribute__((flatten)) void baseline(A&... a) {
+  Kernel::run(a...);
+}
+}  // namespace cpu_copies
+
+// Runs Kernel::run(a...) (a CPU kernel's outermost loop) in the copy cpu_copy() names.
+template <typename Kernel, typename... A>
+void run_cpu_copy(A&... a) {
+#if AVO_CPU_COPIES
+  switch (cpu_copy()) {
+    case CpuCopy::kAvx512:
+      return cpu_copies::avx512<Kernel>(a...);
+    case CpuCopy::kAvx2:
+      return cpu_copies::avx2<Kernel>(a...);
+    default:
+      break;
+  }
+#endif
+  cpu_copies::baseline<Kernel>(a...);
+}
+
+}  // namespace avo
