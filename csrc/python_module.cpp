@@ -1,7 +1,8 @@
 // The Python module `avo_ops._C`. Importing it runs the static TORCH_LIBRARY
 // registrations of the linked op sources; it exposes built_with_cuda(), cpu_threads(),
 // set_row_version(), last_row_version(), set_chunk_size(), last_rows_per_chunk(),
-// cpu_copies(), set_cpu_copy() and cpu_copy() (for tests and benchmarks), and the ops' entry points for the functional API (generated/python_calls.cpp).
+// cpu_copies(), set_cpu_copy() and cpu_copy() (for tests and benchmarks), and the ops'
+// entry points for the functional API (generated/python_calls.cpp).
 #include <Python.h>
 
 #include <ATen/Parallel.h>
@@ -40,6 +41,13 @@ PyObject* cpu_threads(PyObject*, PyObject*) {
   return PyLong_FromSize_t(threads.size());
 }
 
+// The text of `function`'s str argument, or nullptr with a TypeError set.
+const char* str_argument(const char* function, PyObject* arg) {
+  const char* text = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : nullptr;
+  if (text == nullptr && !PyErr_Occurred()) PyErr_Format(PyExc_TypeError, "%s: expected a str", function);
+  return text;
+}
+
 const struct {
   const char* name;
   avo::RowVersion version;
@@ -55,11 +63,8 @@ const struct {
 // set_row_version(name): "auto", "register", "pipelined", "wide", "staged", "cluster", "global" or
 // "tiled".
 PyObject* set_row_version(PyObject*, PyObject* arg) {
-  const char* name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : nullptr;
-  if (name == nullptr) {
-    PyErr_SetString(PyExc_TypeError, "set_row_version: expected a str");
-    return nullptr;
-  }
+  const char* name = str_argument("set_row_version", arg);
+  if (name == nullptr) return nullptr;
   for (const auto& v : kVersions) {
     if (std::strcmp(name, v.name) == 0) {
       avo::forced_row_version() = v.version;
@@ -82,11 +87,8 @@ PyObject* last_row_version(PyObject*, PyObject*) {
 
 // set_chunk_size(name): "auto", "fine" or "coarse" (avo::ChunkSize).
 PyObject* set_chunk_size(PyObject*, PyObject* arg) {
-  const char* name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : nullptr;
-  if (name == nullptr) {
-    PyErr_SetString(PyExc_TypeError, "set_chunk_size: expected a str");
-    return nullptr;
-  }
+  const char* name = str_argument("set_chunk_size", arg);
+  if (name == nullptr) return nullptr;
   const struct {
     const char* name;
     avo::ChunkSize size;
@@ -125,11 +127,8 @@ PyObject* cpu_copies(PyObject*, PyObject*) {
 
 // set_cpu_copy(name): "auto" or one of cpu_copies().
 PyObject* set_cpu_copy(PyObject*, PyObject* arg) {
-  const char* name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : nullptr;
-  if (name == nullptr) {
-    PyErr_SetString(PyExc_TypeError, "set_cpu_copy: expected a str");
-    return nullptr;
-  }
+  const char* name = str_argument("set_cpu_copy", arg);
+  if (name == nullptr) return nullptr;
   if (std::strcmp(name, "auto") == 0) {
     avo::forced_cpu_copy() = avo::CpuCopy::kAuto;
     Py_RETURN_NONE;

@@ -66,23 +66,23 @@ namespace cpu_copies {
 // Kernel::run(a...), inlined whole into a function compiled for one instruction set.
 #if AVO_CPU_COPIES
 template <typename Kernel, typename... A>
-__attribute__((target("arch=x86-64-v4"), flatten)) void avx512(A&... a) {
+__attribute__((target("arch=x86-64-v4"), flatten)) void avx512(const A&... a) {
   Kernel::run(a...);
 }
 template <typename Kernel, typename... A>
-__attribute__((target("arch=x86-64-v3"), flatten)) void avx2(A&... a) {
+__attribute__((target("arch=x86-64-v3"), flatten)) void avx2(const A&... a) {
   Kernel::run(a...);
 }
 #endif
 template <typename Kernel, typename... A>
-__attribute__((flatten)) void baseline(A&... a) {
+__attribute__((flatten)) void baseline(const A&... a) {
   Kernel::run(a...);
 }
 }  // namespace cpu_copies
 
 // Runs Kernel::run(a...) (a CPU kernel's outermost loop) in the copy cpu_copy() names.
 template <typename Kernel, typename... A>
-void run_cpu_copy(A&... a) {
+void run_cpu_copy(const A&... a) {
 #if AVO_CPU_COPIES
   switch (cpu_copy()) {
     case CpuCopy::kAvx512:

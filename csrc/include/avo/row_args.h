@@ -152,11 +152,6 @@ struct RowView {
   AVO_HOST_DEVICE float load(int k, int64_t n) const {
     return Element<T>::to_float(static_cast<const T*>(args.inputs[k])[r * args.length + n]);
   }
-  // Element n of per-column input k, or `missing` when the optional input is absent.
-  AVO_HOST_DEVICE float load_col(int k, int64_t n, float missing) const {
-    const T* p = static_cast<const T*>(args.inputs[k]);
-    return p != nullptr ? Element<T>::to_float(p[n]) : missing;
-  }
   // The value of per-row input k for this row, or `missing` when absent.
   AVO_HOST_DEVICE float load_row(int k, float missing) const {
     const T* p = static_cast<const T*>(args.inputs[k]);

@@ -294,8 +294,7 @@ void run_rows(const Args& args, const Math& math, int64_t begin, int64_t end) {
     given.inputs[k] = next;
     next += args.length;
   }
-  const Args& complete = given;
-  run_cpu_copy<RowsKernel<T, Args, Math>>(complete, math, begin, end);
+  run_cpu_copy<RowsKernel<T, Args, Math>>(given, math, begin, end);
 }
 
 // Column totals (avo/row_args.h), columns [begin, end): each source's rows added in order.
