@@ -1,8 +1,8 @@
 // The Python module `avo_ops._C`. Importing it runs the static TORCH_LIBRARY
 // registrations of the linked op sources; it exposes built_with_cuda(), cpu_threads(),
 // set_row_version(), last_row_version(), set_chunk_size(), last_rows_per_chunk(),
-// cpu_copies(), set_cpu_copy() and cpu_copy() (for tests and benchmarks), and the ops'
-// entry points for the functional API (generated/python_calls.cpp).
+// cpu_copies(), set_cpu_copy(), cpu_copy() and last_cpu_copy() (for tests and
+// benchmarks), and the ops' entry points for the functional API (generated/python_calls.cpp).
 #include <Python.h>
 
 #include <ATen/Parallel.h>
@@ -147,12 +147,18 @@ PyObject* set_cpu_copy(PyObject*, PyObject* arg) {
   return nullptr;
 }
 
-// cpu_copy(): the name of the copy the CPU kernels run now.
-PyObject* cpu_copy(PyObject*, PyObject*) {
+// The name of a copy ("auto" for kAuto).
+PyObject* cpu_copy_name(avo::CpuCopy copy) {
   for (const auto& c : kCpuCopies)
-    if (c.copy == avo::cpu_copy()) return PyUnicode_FromString(c.name);
-  return PyUnicode_FromString("baseline");
+    if (c.copy == copy) return PyUnicode_FromString(c.name);
+  return PyUnicode_FromString("auto");
 }
+
+// cpu_copy(): the name of the copy the CPU kernels run now.
+PyObject* cpu_copy(PyObject*, PyObject*) { return cpu_copy_name(avo::cpu_copy()); }
+
+// last_cpu_copy(): the name of the copy the last CPU kernel ran ("auto" before any).
+PyObject* last_cpu_copy(PyObject*, PyObject*) { return cpu_copy_name(avo::last_cpu_copy().load()); }
 
 PyMethodDef methods[] = {
     {"built_with_cuda", built_with_cuda, METH_NOARGS, "True when the extension has CUDA kernels."},
@@ -177,6 +183,8 @@ PyMethodDef methods[] = {
      "Makes every CPU kernel run one of cpu_copies(), or the best this machine has ('auto'). For tests and "
      "benchmarks."},
     {"cpu_copy", cpu_copy, METH_NOARGS, "The copy of the CPU kernels that calls run now. For tests and benchmarks."},
+    {"last_cpu_copy", last_cpu_copy, METH_NOARGS,
+     "The copy of the CPU kernels the last CPU call ran ('auto' before any). For tests."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -65,6 +65,7 @@ def _outputs_and_grads(copy, name, shape, dtype):
         torch.manual_seed(1)
         grads = [torch.randn_like(o) for o in outputs]
         torch.autograd.backward(outputs, grads)
+        assert _C.last_cpu_copy() == copy
     finally:
         _C.set_cpu_copy("auto")
     return [o.detach() for o in outputs] + [leaf.grad for leaf in leaves]
@@ -89,13 +90,17 @@ def test_set_cpu_copy_rejects_a_copy_it_cannot_run():
 
 
 @pytest.mark.parametrize("copy", COPIES)
-def test_set_cpu_copy_selects_the_copy(copy):
+def test_set_cpu_copy_selects_the_copy_that_runs(copy):
     _C.set_cpu_copy(copy)
     try:
         assert _C.cpu_copy() == copy
+        avo_ops.silu(torch.randn(4, 5))
+        assert _C.last_cpu_copy() == copy
     finally:
         _C.set_cpu_copy("auto")
     assert _C.cpu_copy() == BEST
+    avo_ops.layernorm(torch.randn(4, 5))
+    assert _C.last_cpu_copy() == BEST
 
 
 @pytest.mark.skipif(len(COPIES) < 2, reason="this build or machine has one copy of the CPU kernels")

@@ -18,6 +18,8 @@
 #error "avo/cpu_copies.h is for the CPU kernels"
 #endif
 
+#include <atomic>
+
 namespace avo {
 
 enum class CpuCopy : int { kAuto, kBaseline, kAvx2, kAvx512 };
@@ -62,6 +64,14 @@ inline CpuCopy cpu_copy() {
   return best;
 }
 
+// The copy the last CPU kernel ran (last_cpu_copy in avo_ops._C, for tests: that a copy
+// set_cpu_copy asked for is the one that runs). kAuto before any. The workers of a call
+// all store the same value.
+inline std::atomic<CpuCopy>& last_cpu_copy() {
+  static std::atomic<CpuCopy> last{CpuCopy::kAuto};
+  return last;
+}
+
 namespace cpu_copies {
 // Kernel::run(a...), inlined whole into a function compiled for one instruction set.
 #if AVO_CPU_COPIES
@@ -84,7 +94,13 @@ __attribute__((flatten)) void baseline(const A&... a) {
 template <typename Kernel, typename... A>
 void run_cpu_copy(const A&... a) {
 #if AVO_CPU_COPIES
-  switch (cpu_copy()) {
+  const CpuCopy copy = cpu_copy();
+#else
+  const CpuCopy copy = CpuCopy::kBaseline;
+#endif
+  last_cpu_copy().store(copy, std::memory_order_relaxed);
+#if AVO_CPU_COPIES
+  switch (copy) {
     case CpuCopy::kAvx512:
       return cpu_copies::avx512<Kernel>(a...);
     case CpuCopy::kAvx2:
