@@ -1,7 +1,9 @@
 """Emit `autograd.cpp`: the Autograd kernel of every op, a torch::autograd::Function
 that runs the op below autograd, saves the tensors its backward reads (inputs; for a row
 op also per-row values and outputs of the forward) and the attributes, and in backward
-calls `<op>_backward` and sums each gradient back to its input's shape.
+calls `<op>_backward` and sums each gradient back to its input's shape. A call whose
+inputs carry tangents (forward-mode differentiation) takes the outputs from the op and
+their tangents from the op's math in ATen operations (emit_aten.py).
 
 The kernels are C++ rather than Python (torch.library.register_autograd) because every
 differentiable call passes through them: a Python autograd kernel costs about 8 µs of
@@ -9,6 +11,7 @@ host time per call, more than the whole torch call it replaces on a small tensor
 ops share one file so that the autograd headers are compiled once."""
 from __future__ import annotations
 
+from .emit_aten import emit_math_in_aten
 from .emit_binding import _cpp_params, _return_type, op_handle
 from .emit_kernels import header_comment
 from .schedule import OpSchedule
@@ -95,10 +98,26 @@ def _function(s: OpSchedule) -> list[str]:
         body = [f"  const torch::autograd::variable_list outputs = {first};",
                 "  return {" + ", ".join(f"outputs[{k}]" for k in range(outputs)) + "};"]
     tensors = ", ".join(i.name for i in fwd.inputs)
+    lines += emit_math_in_aten(s)
+    if outputs == 1:
+        tangents = ["  avo::autograd::set_tangent(outputs, math[0]);"]
+    else:
+        tangents = [f"  avo::autograd::set_tangent(std::get<{k}>(outputs), math[{k}]);" for k in range(outputs)]
+    primals = ", ".join([f"avo::autograd::primal({i.name})" for i in fwd.inputs] + [a.name for a in attrs])
+    lines += ["// Forward-mode differentiation (an input carries a tangent: torch.func.jvp,",
+              "// torch.autograd.forward_ad): the outputs from the kernels, on the inputs' primal values,",
+              "// and their tangents from math_in_aten on the dual inputs.",
+              f"{_return_type(fwd)} dual_call({_cpp_params(fwd)}) {{",
+              f"  {'auto' if outputs > 1 else 'at::Tensor'} outputs = forward_op().call({primals});",
+              f"  const std::vector<at::Tensor> math = math_in_aten({arg_names});",
+              *tangents,
+              "  return outputs;",
+              "}", ""]
     # Without a graph to record, the kernel passes the call on to the keys below autograd
     # (redispatch, as torch's own autograd kernels do) instead of dispatching it again from
     # the start; the guard keeps the ops the kernel calls below autograd too.
     lines += [f"{_return_type(fwd)} autograd_kernel(c10::DispatchKeySet keys, {_cpp_params(fwd)}) {{",
+              f"  if (avo::autograd::any_tangent({tensors})) return dual_call({arg_names});",
               f"  if (!avo::autograd::needs_grad({tensors})) {{  // no graph to record",
               "    at::AutoDispatchBelowADInplaceOrView below_autograd;",
               f"    return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, {arg_names});",
@@ -109,6 +128,8 @@ def _function(s: OpSchedule) -> list[str]:
               "// backward, create_graph=True) raises, where torch's fallback would warn and let no",
               "// second derivative reach the inputs.",
               f"{_return_type(bwd)} backward_autograd_kernel(c10::DispatchKeySet keys, {_cpp_params(bwd)}) {{",
+              f"  TORCH_CHECK(!avo::autograd::any_tangent({backward_tensors}), \"{bwd.qualified_name} has no forward-mode \"",
+              f"              \"derivative: a tangent reached it (torch.func.jvp or torch.autograd.forward_ad)\");",
               f"  TORCH_CHECK(!avo::autograd::needs_grad({backward_tensors}), \"{bwd.qualified_name} is not differentiable: \"",
               f"              \"{fwd.qualified_name} has first derivatives only (no double backward, no create_graph=True)\");",
               "  at::AutoDispatchBelowADInplaceOrView below_autograd;",
@@ -119,6 +140,8 @@ def _function(s: OpSchedule) -> list[str]:
         lines += ["// Likewise the forward that returns the saved values: the autograd kernel above calls it",
                   "// below autograd; differentiable calls go through the op itself.",
                   f"{_return_type(fwd, saving=True)} forward_saving_autograd_kernel({_cpp_params(fwd)}) {{",
+                  f"  TORCH_CHECK(!avo::autograd::any_tangent({tensors}), \"{saving_name} has no forward-mode derivative: \"",
+                  f"              \"call {fwd.qualified_name}, whose tangents are defined\");",
                   f"  TORCH_CHECK(!avo::autograd::needs_grad({tensors}), \"{saving_name} is not differentiable: \"",
                   f"              \"call {fwd.qualified_name}, whose gradient is defined\");",
                   "  at::AutoDispatchBelowADInplaceOrView below_autograd;",
@@ -130,12 +153,15 @@ def _function(s: OpSchedule) -> list[str]:
 
 def emit_autograd(schedules: list[OpSchedule], namespace: str = "avo") -> str:
     lines = [header_comment("specs/*.yaml").rstrip("\n"), "",
+             "#include <ATen/ATen.h>",
              "#include <ATen/core/dispatch/Dispatcher.h>",
+             "#include <c10/util/accumulate.h>",
              "#include <torch/csrc/autograd/custom_function.h>",
              "#include <torch/library.h>", "",
-             "#include <optional>", "#include <string>", "#include <tuple>", "",
+             "#include <cmath>", "#include <optional>", "#include <string>", "#include <tuple>", "#include <vector>", "",
              "// The Autograd kernel of every op: a torch::autograd::Function per op that runs the op",
-             "// below autograd, saves what its backward reads, and whose backward calls <op>_backward.",
+             "// below autograd, saves what its backward reads, and whose backward calls <op>_backward;",
+             "// forward-mode tangents from the op's math in ATen operations (math_in_aten).",
              "namespace avo::autograd {", "",
              "// A saved optional input: undefined when the call passed none.",
              "inline std::optional<at::Tensor> present(const at::Tensor& saved) {",
@@ -155,6 +181,47 @@ def emit_autograd(schedules: list[OpSchedule], namespace: str = "avo") -> str:
              "bool needs_grad(const Tensors&... tensors) {",
              "  return at::GradMode::is_enabled() && (requires_grad(tensors) || ...);",
              "}", "",
+             "// Whether a tensor carries a tangent of forward-mode differentiation: a dual tensor of",
+             "// torch.autograd.forward_ad, or of torch.func.jvp below its layer (level 0 in both).",
+             "inline bool has_tangent(const at::Tensor& t) { return t.defined() && t._fw_grad(0).defined(); }",
+             "inline bool has_tangent(const std::optional<at::Tensor>& t) { return t.has_value() && has_tangent(*t); }",
+             "template <typename... Tensors>",
+             "bool any_tangent(const Tensors&... tensors) {",
+             "  return (has_tangent(tensors) || ...);",
+             "}", "",
+             "// A tensor's primal value: without its tangent, which the kernels do not read.",
+             "inline at::Tensor primal(const at::Tensor& t) { return has_tangent(t) ? t._fw_primal(0) : t; }",
+             "inline std::optional<at::Tensor> primal(const std::optional<at::Tensor>& t) {",
+             "  return t.has_value() ? std::optional<at::Tensor>(primal(*t)) : std::nullopt;",
+             "}", "",
+             "// Gives `output` the tangent of `math` (an output of math_in_aten, in float32, in the",
+             "// rows' layout), in the output's dtype and shape; nothing where it has none.",
+             "inline void set_tangent(const at::Tensor& output, const at::Tensor& math) {",
+             "  const at::Tensor tangent = math.defined() ? math._fw_grad(0) : at::Tensor();",
+             "  if (!tangent.defined()) return;",
+             "  at::Tensor shaped = tangent.to(output.scalar_type());",
+             "  shaped = shaped.numel() == output.numel() ? shaped.reshape(output.sizes()) : shaped.expand(output.sizes());",
+             "  output._set_fw_grad(shaped.contiguous(), 0, /*is_inplace_op=*/false);",
+             "}", "",
+             "// For math_in_aten: a number as a 0-dim float32 tensor beside `like`; a channel op's",
+             "// tensor [B, C, *spatial] as float32 rows [B, C, spatial elements]; the functions of",
+             "// numbers that the C++ library does not have.",
+             "inline at::Tensor scalar_tensor(double value, const at::Tensor& like) {",
+             "  return at::scalar_tensor(value, like.options().dtype(at::kFloat));",
+             "}",
+             "inline at::Tensor channel_rows(const at::Tensor& x) {",
+             "  return x.reshape({x.size(0), x.size(1), c10::multiply_integers(x.sizes().slice(2))}).to(at::kFloat);",
+             "}",
+             "// An output that later math reads as the caller gets it (rounded to the op's dtype), as",
+             "// the kernels do; its tangent unrounded, as the rounding's derivative is taken to be 1.",
+             "inline at::Tensor as_stored(const at::Tensor& value, at::ScalarType dtype) {",
+             "  return dtype == at::kFloat ? value : value + (value.to(dtype).to(at::kFloat) - value).detach();",
+             "}",
+             "inline double rsqrt(double v) { return 1.0 / std::sqrt(v); }",
+             "inline double sigmoid(double v) { return 1.0 / (1.0 + std::exp(-v)); }",
+             "inline double sign(double v) { return double((v > 0) - (v < 0)); }",
+             "inline double minimum(double a, double b) { return (a != a || a < b) ? a : b; }",
+             "inline double maximum(double a, double b) { return (a != a || a > b) ? a : b; }", "",
              "template <typename... Tensors>",
              "torch::autograd::variable_list as_list(const std::tuple<Tensors...>& tensors) {",
              "  return std::apply([](const auto&... t) { return torch::autograd::variable_list{t...}; }, tensors);",

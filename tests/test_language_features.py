@@ -128,6 +128,26 @@ def test_gradients_of_both_outputs(blend, attrs, b_shape, device):
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=scale)
 
 
+@pytest.mark.parametrize("attrs", ATTRS, ids=["defaults", "diff-clamp", "sum-clamp"])
+@pytest.mark.parametrize("b_shape", [None, (33,), (17, 33)], ids=["b-missing", "b-broadcast", "b-full"])
+def test_tangents_of_both_outputs(blend, attrs, b_shape, device):
+    """Forward mode (torch.func.jvp) through every function, a where() on a bool and on a
+    string attribute, an int attribute and a broadcast optional input."""
+    a, ta = make((17, 33), torch.float32, device), make((17, 33), torch.float32, device)
+    primals, tangents = ([a], [ta]) if b_shape is None else ([a, make(b_shape, torch.float32, device)],
+                                                            [ta, make(b_shape, torch.float32, device)])
+
+    def call(module, *inputs):
+        return module(*inputs, *([None] if len(inputs) == 1 else []), **attrs)
+
+    outputs, got = torch.func.jvp(lambda *t: call(blend.blend, *t), tuple(primals), tuple(tangents))
+    _, expected = torch.func.jvp(lambda *t: call(reference, *t), tuple(p.double() for p in primals),
+                                 tuple(t.double() for t in tangents))
+    for output, tangent, want in zip(outputs, got, expected):
+        assert tangent.shape == output.shape == (17, 33)
+        torch.testing.assert_close(tangent.double(), want, rtol=1e-5, atol=1e-5)
+
+
 def test_defaults_are_the_schema_defaults(blend):
     schema = torch.ops.avo_features.blend.default._schema
     text = str(schema)

@@ -1,0 +1,241 @@
+"""Emit an op's forward math as ATen operations (C++), for its forward-mode derivative.
+
+The autograd kernels (emit_autograd.py) take the outputs' values from the op's kernels,
+and, when an input carries a tangent (torch.func.jvp, torch.autograd.forward_ad), the
+outputs' tangents from this function run on the dual inputs: torch differentiates each
+ATen operation forward, so the tangents follow the same math as the kernels without a
+forward derivative of our own to derive, and nested transforms compose as with any torch
+code. It computes in float32, as the kernels do (16-bit inputs are converted first).
+
+One function per op, `math_in_aten`, with the op's C++ parameters (tensors named
+`<input>_arg`): a branch per specialization (string and bool attributes), each a list of
+assignments named as in the spec, returning the outputs in the order of the spec.
+Reductions keep their dimension, so per-row values broadcast against the rows; a channel
+op's tensors are viewed as [B, C, spatial elements] and its per-channel parameters as
+[C, 1].
+"""
+from __future__ import annotations
+
+from .emit_binding import CPP_ARG_TYPES
+from .emit_c import float_literal
+from .ir import Node, topological_order
+from .schedule import OpSchedule, channels_first
+
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+_PRECEDENCE = {"add": 1, "sub": 1, "mul": 2, "div": 2, "neg": 3}
+_TENSOR_FUNCTIONS = {"exp": "at::exp", "log": "at::log", "sqrt": "at::sqrt", "rsqrt": "at::rsqrt",
+                     "tanh": "at::tanh", "erf": "at::erf", "sigmoid": "at::sigmoid", "abs": "at::abs",
+                     "sign": "at::sign", "min": "at::minimum", "max": "at::maximum", "pow": "at::pow",
+                     "lt": "at::lt", "le": "at::le", "gt": "at::gt", "ge": "at::ge", "eq": "at::eq", "ne": "at::ne",
+                     "rsum": "at::sum", "rmax": "at::amax", "rmin": "at::amin"}
+# Values the same for every element (attributes, constants, lengths) are C++ doubles.
+_SCALAR_FUNCTIONS = {"exp": "std::exp", "log": "std::log", "sqrt": "std::sqrt", "tanh": "std::tanh",
+                     "erf": "std::erf", "abs": "std::fabs", "pow": "std::pow", "rsqrt": "avo::autograd::rsqrt",
+                     "sigmoid": "avo::autograd::sigmoid", "sign": "avo::autograd::sign",
+                     "min": "avo::autograd::minimum", "max": "avo::autograd::maximum"}
+_COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+# A comparison with the scalar on the left, written with the tensor on the left.
+_MIRRORED = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
+
+
+def _is_scalar(node: Node) -> bool:
+    return node.domain == "scalar"
+
+
+class _AtenPrinter:
+    """The assignments of one specialization's outputs; inputs and attributes are named
+    by `leaves`, each reduced dimension's length by its name."""
+
+    def __init__(self, results: dict[str, Node], names: dict[Node, str], leaves: dict[str, str]):
+        self.results = results
+        self.leaves = leaves
+        self.order = topological_order(results.values())
+        self.uses: dict[int, int] = {}
+        for node in self.order:
+            for a in node.args:
+                self.uses[id(a)] = self.uses.get(id(a), 0) + 1
+        self.names: dict[int, str] = {}
+        taken = set(leaves) | set(leaves.values())
+        for node, name in names.items():
+            if node.args and name not in taken and id(node) not in self.names:
+                self.names[id(node)] = name
+                taken.add(name)
+        self.taken = taken
+
+    def lines(self) -> list[str]:
+        """The assignments, then `return {outputs};` (an output that no input reaches, such
+        as a constant, returns an undefined tensor: it has no tangent)."""
+        out = []
+        temp = 0
+        result_nodes = {id(n) for n in self.results.values()}
+        for node in self.order:
+            if not node.args or node.op == "dim":
+                continue
+            named = id(node) in self.names
+            if not (named or id(node) in result_nodes or self.uses.get(id(node), 0) > 1):
+                continue
+            text = self.expr(node, top=True)
+            if not named:
+                while f"t{temp}" in self.taken:
+                    temp += 1
+                self.names[id(node)] = f"t{temp}"
+                temp += 1
+            ctype = ("bool" if node.type == "b" else "double") if _is_scalar(node) else "at::Tensor"
+            out.append(f"const {ctype} {self.names[id(node)]} = {text};")
+        returned = ["at::Tensor()" if _is_scalar(n) else self.ref(n) for n in self.results.values()]
+        out.append(f"return {{{', '.join(returned)}}};")
+        return out
+
+    def ref(self, node: Node) -> str:
+        if node.op == "const":
+            return ("true" if node.value else "false") if node.type == "b" else float_literal(node.value).rstrip("f")
+        if node.op in ("input", "attr"):
+            return self.leaves[node.value]
+        if node.op == "dim":
+            return str(node.value)
+        return self.names[id(node)]
+
+    def tensor(self, node: Node) -> str:
+        """`node` as a tensor: a scalar becomes a 0-dim float32 tensor (for the operations
+        that take no C++ number on that side)."""
+        text = self.expr(node)
+        return f"avo::autograd::scalar_tensor({text}, {self.leaves['@like']})" if _is_scalar(node) else text
+
+    def expr(self, node: Node, top: bool = False) -> str:
+        if not top and (not node.args or id(node) in self.names or node.op == "dim"):
+            return self.ref(node)
+        op, args = node.op, node.args
+        if _is_scalar(node):
+            return self.scalar_expr(node)
+        if op in _INFIX:
+            left, right = args
+            if op in ("sub", "div") and _is_scalar(left):  # c - t, c / t: no ATen operator takes a number first
+                return f"{self.tensor(left)} {_INFIX[op]} {self.operand(right, op, True)}"
+            return f"{self.operand(left, op, False)} {_INFIX[op]} {self.operand(right, op, True)}"
+        if op == "neg":
+            return f"-{self.operand(args[0], op, False)}"
+        if op in ("rsum", "rmax", "rmin"):
+            return f"{_TENSOR_FUNCTIONS[op]}({self.expr(args[0])}, -1, /*keepdim=*/true)"
+        if op == "no_grad":  # no tangent flows through it
+            return f"{self.method_operand(args[0])}.detach()"
+        if op == "stored":
+            return f"avo::autograd::as_stored({self.expr(args[0])}, {self.leaves['@dtype']})"
+        if op in _COMPARE:
+            left, right = args
+            if _is_scalar(left):
+                return f"{_TENSOR_FUNCTIONS[_MIRRORED[op]]}({self.expr(right)}, {self.expr(left)})"
+            return f"{_TENSOR_FUNCTIONS[op]}({self.expr(left)}, {self.expr(right)})"
+        if op == "where":
+            cond, a, b = args
+            if _is_scalar(cond):  # a condition on attributes: both branches as tensors
+                return f"{self.expr(cond)} ? {self.tensor(a)} : {self.tensor(b)}"
+            return f"at::where({self.expr(cond)}, {self.expr(a)}, {self.expr(b)})"
+        if op in ("min", "max"):
+            return f"{_TENSOR_FUNCTIONS[op]}({self.tensor(args[0])}, {self.tensor(args[1])})"
+        if op == "pow" and _is_scalar(args[0]):
+            return f"at::pow({self.expr(args[0])}, {self.expr(args[1])})"
+        return f"{_TENSOR_FUNCTIONS[op]}({', '.join(self.expr(a) for a in args)})"
+
+    def scalar_expr(self, node: Node) -> str:
+        op, args = node.op, node.args
+        if op in _INFIX:
+            return f"{self.operand(args[0], op, False)} {_INFIX[op]} {self.operand(args[1], op, True)}"
+        if op == "neg":
+            return f"-{self.operand(args[0], op, False)}"
+        if op in _COMPARE:
+            return f"({self.expr(args[0])} {_COMPARE[op]} {self.expr(args[1])})"
+        if op == "where":
+            return f"({self.expr(args[0])} ? {self.expr(args[1])} : {self.expr(args[2])})"
+        if op == "no_grad":
+            return self.expr(args[0])
+        return f"{_SCALAR_FUNCTIONS[op]}({', '.join(self.expr(a) for a in args)})"
+
+    def method_operand(self, child: Node) -> str:
+        """`child` before a method call: in parentheses where it is an inline operation."""
+        text = self.expr(child)
+        inline = child.args and id(child) not in self.names and child.op != "dim"
+        return f"({text})" if inline and child.op in _PRECEDENCE else text
+
+    def operand(self, child: Node, parent_op: str, right: bool) -> str:
+        text = self.expr(child)
+        if child.op == "const" and child.value < 0:
+            return f"({text})"
+        inline = child.args and id(child) not in self.names and child.op != "dim"
+        if not inline or child.op not in _PRECEDENCE:
+            return text
+        child_prec, parent_prec = _PRECEDENCE[child.op], _PRECEDENCE[parent_op]
+        # Same precedence on the right keeps the spec's evaluation order: a - (b - c).
+        return f"({text})" if child_prec < parent_prec or (child_prec == parent_prec and right) else text
+
+
+def _leaf_lines(s: OpSchedule) -> list[str]:
+    """Each tensor input in float32, laid out to broadcast against the rows; a missing
+    optional input is its default."""
+    channel = channels_first(s.forward)
+    lines = []
+    for i in s.forward.inputs:
+        arg = f"{i.name}_arg"
+        if i.domain == "elem" and channel:
+            value = f"avo::autograd::channel_rows({'*' if i.optional else ''}{arg})"
+        else:
+            value = f"{arg}{'->' if i.optional else '.'}to(at::kFloat)"
+            if i.domain in ("row", "chan"):  # one value per row: a trailing dimension of 1
+                value += ".unsqueeze(-1)"
+        if i.optional:
+            default = float_literal(i.default).rstrip("f")
+            value = f"{arg} ? {value} : avo::autograd::scalar_tensor({default}, {_like(s)}_arg)"
+        lines.append(f"const at::Tensor {i.name} = {value};")
+    return lines
+
+
+def _like(s: OpSchedule) -> str:
+    """The first required tensor input: its dtype and device are every tensor's."""
+    return next(i.name for i in s.forward.inputs if not i.optional)
+
+
+def _condition(choices) -> str:
+    parts = []
+    for attribute, choice in choices:
+        if isinstance(choice, bool):
+            parts.append(attribute if choice else f"!{attribute}")
+        else:
+            parts.append(f'{attribute} == "{choice}"')
+    return " && ".join(parts)
+
+
+def emit_math_in_aten(s: OpSchedule) -> list[str]:
+    """The C++ function `math_in_aten` of one op (see the module docstring)."""
+    spec = s.spec
+    params = [f"const std::optional<at::Tensor>& {i.name}_arg" if i.optional else f"const at::Tensor& {i.name}_arg"
+              for i in s.forward.inputs]
+    params += [f"{CPP_ARG_TYPES[a.type]} {a.name}" for a in spec.attrs]
+    like = _like(s)
+    leaves = {i.name: i.name for i in s.forward.inputs}
+    leaves.update({a.name: a.name for a in spec.attrs})
+    leaves["@like"] = like
+    leaves["@dtype"] = f"{like}_arg.scalar_type()"
+    body = _leaf_lines(s)
+    dims = sorted({str(n.value) for _, g in s.forward.graphs for o in spec.outputs
+                   for n in topological_order([g.results[o.name]]) if n.op == "dim"})
+    body += [f"const double {d} = double({like}.size(-1));  // the length of the rows" for d in dims]
+    graphs = s.forward.graphs
+    for k, (specialization, graph) in enumerate(graphs):
+        results = {o.name: graph.results[o.name] for o in spec.outputs}
+        statements = _AtenPrinter(results, graph.names, leaves).lines()
+        if len(graphs) == 1:
+            body += statements
+            continue
+        condition = _condition(specialization.choices)
+        opening = "if" if k == 0 else "} else if"
+        if k == len(graphs) - 1:
+            body.append(f"}} else {{  // {condition}")
+        else:
+            body.append(f"{opening} ({condition}) {{")
+        body += ["  " + line for line in statements]
+    if len(graphs) > 1:
+        body.append("}")
+    return [f"// The math of {s.forward.qualified_name} in ATen operations, in float32: run on dual inputs, torch",
+            "// differentiates it forward and the outputs' tangents come out (see dual_call).",
+            f"std::vector<at::Tensor> math_in_aten({', '.join(params)}) {{",
+            *("  " + line for line in body),
+            "}", ""]

@@ -1,0 +1,205 @@
+"""Forward-mode differentiation of every op: torch.func.jvp, torch.func.jacfwd and
+torch.autograd.forward_ad dual tensors, against the same transforms of float64 torch
+references; the outputs' values stay the kernels'; the ops that have no forward-mode
+derivative (<op>_backward, <op>_forward) raise naming themselves.
+
+Tolerances: the tangents are computed in float32 from the inputs and the tangents as
+given (16-bit ones converted exactly), then rounded to the op's dtype, so
+conftest.TOLERANCES applies, with an absolute part of 64 fp32 eps times the largest
+tangent for the entries that are differences of larger terms (a normalized tangent).
+Runs on the CPU always and on CUDA when a device is present."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import torch.autograd.forward_ad as fwAD
+import torch.nn.functional as F
+
+import avo_ops
+from conftest import TOLERANCES
+
+FP32_EPS = torch.finfo(torch.float32).eps
+
+
+def _ln(h, w=None, b=None, eps=1e-5):
+    return F.layer_norm(h, (h.shape[-1],), w, b, eps)
+
+
+def _rms(h, w=None, eps=1e-6):
+    return F.rms_norm(h, (h.shape[-1],), w, eps)
+
+
+def _stored(h, dtype):
+    """The add ops' hidden as the kernels normalize it, rounded to the op's dtype; its
+    tangent unrounded."""
+    return h + (h.to(dtype).double() - h).detach()
+
+
+def _add_ln(x, r, w, b, dtype):
+    return x + r, _ln(_stored(x + r, dtype), w, b)
+
+
+def _add_rms(x, r, w, dtype):
+    return x + r, _rms(_stored(x + r, dtype), w)
+
+
+def _channel(x, gamma, beta, swish):
+    return F.group_norm(F.silu(x) if swish else x, x.shape[1], gamma, beta, 1e-5)
+
+
+# id: (avo call, float64 reference, shapes of its tensor inputs for rows of 48)
+CASES = {
+    "gelu": (lambda x: avo_ops.gelu(x), F.gelu, [(5, 48)]),
+    "gelu_tanh": (lambda x: avo_ops.gelu(x, "tanh"), lambda x: F.gelu(x, approximate="tanh"), [(5, 48)]),
+    "silu": (avo_ops.silu, F.silu, [(2, 3, 48)]),
+    "layernorm": (avo_ops.layernorm, _ln, [(5, 48)]),
+    "layernorm_affine": (avo_ops.layernorm, _ln, [(5, 48), (48,), (48,)]),
+    "rmsnorm": (avo_ops.rmsnorm, _rms, [(5, 48), (48,)]),
+    "softmax": (avo_ops.softmax, lambda x: torch.softmax(x, -1), [(2, 3, 48)]),
+    "log_softmax": (avo_ops.log_softmax, lambda x: torch.log_softmax(x, -1), [(5, 48)]),
+    "swish_layernorm": (avo_ops.swish_layernorm, lambda x, w, b: _ln(F.silu(x), w, b), [(5, 48), (48,), (48,)]),
+    "add_layernorm": (avo_ops.add_layernorm, _add_ln, [(5, 48), (5, 48), (48,), (48,)]),
+    "add_rmsnorm": (avo_ops.add_rmsnorm, _add_rms, [(5, 48), (5, 48), (48,)]),
+    "channel_norm": (avo_ops.channel_norm, lambda x, g, b: _channel(x, g, b, False), [(2, 3, 4, 5), (3,), (3,)]),
+    "channel_norm_swish": (lambda x, g, b: avo_ops.channel_norm(x, g, b, swish=True),
+                           lambda x, g, b: _channel(x, g, b, True), [(2, 3, 4, 5), (3,), (3,)]),
+}
+
+
+def _inputs(case, dtype, device, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    shapes = CASES[case][2]
+    primals = [torch.randn(s, generator=generator, dtype=torch.float64) for s in shapes]
+    tangents = [torch.randn(s, generator=generator, dtype=torch.float64) for s in shapes]
+    to = dict(dtype=dtype, device=device)
+    return [p.to(**to) for p in primals], [t.to(**to) for t in tangents]
+
+
+def _as_tuple(value):
+    return value if isinstance(value, tuple) else (value,)
+
+
+def assert_tangents_match(actual, expected64, dtype):
+    for a, e in zip(_as_tuple(actual), _as_tuple(expected64)):
+        assert a.dtype == dtype and a.shape == e.shape
+        tol = dict(TOLERANCES[dtype])
+        tol["atol"] = max(tol["atol"], 64 * FP32_EPS * (e.abs().max().item() if e.numel() else 0.0))
+        torch.testing.assert_close(a.double(), e, **tol)
+
+
+def _reference(case, dtype):
+    """The float64 reference of `case` for inputs of `dtype`."""
+    reference = CASES[case][1]
+    return functools.partial(reference, dtype=dtype) if case.startswith("add_") else reference
+
+
+def _reference_jvp(case, primals, tangents):
+    reference = _reference(case, primals[0].dtype)
+    return torch.func.jvp(reference, tuple(p.double() for p in primals), tuple(t.double() for t in tangents))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_jvp_matches_float64_reference(case, device, dtype):
+    primals, tangents = _inputs(case, dtype, device)
+    outputs, output_tangents = torch.func.jvp(CASES[case][0], tuple(primals), tuple(tangents))
+    _, expected = _reference_jvp(case, primals, tangents)
+    assert_tangents_match(output_tangents, expected, dtype)
+    # The values are the kernels', as without a tangent.
+    for got, plain in zip(_as_tuple(outputs), _as_tuple(CASES[case][0](*primals))):
+        torch.testing.assert_close(got, plain, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("case", ["layernorm_affine", "add_rmsnorm", "channel_norm"])
+def test_tangent_of_one_input_only(case, device):
+    """Inputs without a tangent are constants: each input's tangent alone, the others none."""
+    primals, tangents = _inputs(case, torch.float32, device, seed=1)
+    for k in range(len(primals)):
+        def with_only_k(value, k=k, call=CASES[case][0]):
+            return call(*primals[:k], value, *primals[k + 1:])
+
+        def reference_only_k(value, k=k, reference=_reference(case, torch.float32)):
+            others = [p.double() for p in primals]
+            return reference(*others[:k], value, *others[k + 1:])
+
+        _, got = torch.func.jvp(with_only_k, (primals[k],), (tangents[k],))
+        _, expected = torch.func.jvp(reference_only_k, (primals[k].double(),), (tangents[k].double(),))
+        assert_tangents_match(got, expected, torch.float32)
+
+
+@pytest.mark.parametrize("case", ["gelu", "layernorm_affine", "softmax", "add_layernorm"])
+def test_dual_tensors_through_the_registered_op(case, device, dtype):
+    """torch.autograd.forward_ad on torch.ops.avo.<op> directly (the functional API takes
+    the same path through the dispatcher)."""
+    primals, tangents = _inputs(case, dtype, device)
+    op = getattr(torch.ops.avo, case.replace("_affine", ""))
+    _, expected = _reference_jvp(case, primals, tangents)
+    with fwAD.dual_level():
+        outputs = op(*(fwAD.make_dual(p, t) for p, t in zip(primals, tangents)))
+        got = tuple(fwAD.unpack_dual(o).tangent for o in _as_tuple(outputs))
+    assert_tangents_match(got if len(got) > 1 else got[0], expected, dtype)
+
+
+@pytest.mark.parametrize("case", ["silu", "log_softmax", "rmsnorm"])
+def test_jacfwd_matches_float64_reference(case, device):
+    primals, _ = _inputs(case, torch.float32, device)
+    row = primals[0].reshape(-1, primals[0].shape[-1])[0]
+    rest = primals[1:]
+    jacobian = torch.func.jacfwd(lambda r: CASES[case][0](r, *rest))(row)
+    expected = torch.func.jacfwd(lambda r: CASES[case][1](r, *(p.double() for p in rest)))(row.double())
+    assert_tangents_match(jacobian, expected, torch.float32)
+
+
+def test_second_order_forward_derivative(device):
+    """jvp of jvp: the tangents' own computation is differentiable forward."""
+    (x,), (t,) = _inputs("gelu", torch.float32, device)
+    def derivative(f):
+        return lambda a: torch.func.jvp(f, (a,), (t.to(a.dtype),))[1]
+
+    got = torch.func.jvp(derivative(avo_ops.gelu), (x,), (t,))[1]
+    expected = torch.func.jvp(derivative(F.gelu), (x.double(),), (t.double(),))[1]
+    assert_tangents_match(got, expected, torch.float32)
+
+
+def test_forward_and_reverse_mode_together(device):
+    """A dual input that also requires grad: the output records a graph for backward, and
+    the tangent itself can be differentiated backward. The reference is layer norm written
+    out in float64 torch operations (torch's own layer_norm gives another gradient of its
+    tangent here, which finite differences do not confirm)."""
+    (x, w, b), (tx, tw, tb) = _inputs("layernorm_affine", torch.float32, device)
+    x.requires_grad_()
+    x64 = x.detach().double().requires_grad_()
+    with fwAD.dual_level():
+        y = avo_ops.layernorm(fwAD.make_dual(x, tx), w, b)
+        primal, tangent = fwAD.unpack_dual(y)
+        assert primal.grad_fn is not None
+        (grad,) = torch.autograd.grad((primal * tangent).sum(), x)
+    def layer_norm(a):
+        centered = a - a.mean(-1, keepdim=True)
+        return centered / torch.sqrt((centered * centered).mean(-1, keepdim=True) + 1e-5) * w.double() + b.double()
+
+    _, tangent64 = torch.func.jvp(layer_norm, (x64,), (tx.double(),))
+    (expected,) = torch.autograd.grad((layer_norm(x64) * tangent64).sum(), x64)
+    assert_tangents_match(tangent, tangent64.detach(), torch.float32)
+    torch.testing.assert_close(grad.double(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_modules_are_differentiable_forward(device):
+    module = avo_ops.nn.RMSNorm(48, eps=1e-6, device=device)
+    with torch.no_grad():
+        module.weight.normal_()
+    (x,), (t,) = _inputs("silu", torch.float32, device)
+    _, got = torch.func.jvp(module, (x,), (t,))
+    _, expected = torch.func.jvp(lambda a: _rms(a, module.weight.detach().double()), (x.double(),), (t.double(),))
+    assert_tangents_match(got, expected, torch.float32)
+
+
+def test_backward_and_saving_forward_raise_naming_the_op(device):
+    (x,), (t,) = _inputs("layernorm", torch.float32, device)
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(x, t)
+        with pytest.raises(RuntimeError, match=r"avo::gelu_backward has no forward-mode derivative"):
+            torch.ops.avo.gelu_backward(dual, x)
+        with pytest.raises(RuntimeError, match=r"avo::layernorm_forward has no forward-mode derivative"):
+            torch.ops.avo.layernorm_forward(dual)
