@@ -1,11 +1,12 @@
 """Emit an op's forward math as ATen operations (C++), for its forward-mode derivative.
 
 The autograd kernels (emit_autograd.py) take the outputs' values from the op's kernels,
-and, when an input carries a tangent (torch.func.jvp, torch.autograd.forward_ad), the
-outputs' tangents from this function run on the dual inputs: torch differentiates each
-ATen operation forward, so the tangents follow the same math as the kernels without a
-forward derivative of our own to derive, and nested transforms compose as with any torch
-code. It computes in float32, as the kernels do (16-bit inputs are converted first).
+and, when an input carries a tangent (torch.func.jvp, torch.autograd.forward_ad) or a
+torch.func transform (grad, vjp, vmap) wants a graph, the outputs' derivatives from this
+function run on the same inputs: torch differentiates each ATen operation, forward or
+backward, so the derivatives follow the same math as the kernels with nothing more to
+derive, and nested transforms compose as with any torch code. It computes in float32,
+as the kernels do (16-bit inputs are converted first).
 
 One function per op, `math_in_aten`, with the op's C++ parameters (tensors named
 `<input>_arg`): a branch per specialization (string and bool attributes), each a list of
@@ -234,8 +235,8 @@ def emit_math_in_aten(s: OpSchedule) -> list[str]:
         body += ["  " + line for line in statements]
     if len(graphs) > 1:
         body.append("}")
-    return [f"// The math of {s.forward.qualified_name} in ATen operations, in float32: run on dual inputs, torch",
-            "// differentiates it forward and the outputs' tangents come out (see dual_call).",
+    return [f"// The math of {s.forward.qualified_name} in ATen operations, in float32, for torch to differentiate",
+            "// (see math_call).",
             f"std::vector<at::Tensor> math_in_aten({', '.join(params)}) {{",
             *("  " + line for line in body),
             "}", ""]

@@ -2,8 +2,9 @@
 that runs the op below autograd, saves the tensors its backward reads (inputs; for a row
 op also per-row values and outputs of the forward) and the attributes, and in backward
 calls `<op>_backward` and sums each gradient back to its input's shape. A call whose
-inputs carry tangents (forward-mode differentiation) takes the outputs from the op and
-their tangents from the op's math in ATen operations (emit_aten.py).
+inputs carry tangents (forward-mode differentiation), and one that records a graph under a
+torch.func transform (which runs no C++ autograd Function), takes the outputs from the op
+and their derivatives from the op's math in ATen operations (emit_aten.py).
 
 The kernels are C++ rather than Python (torch.library.register_autograd) because every
 differentiable call passes through them: a Python autograd kernel costs about 8 µs of
@@ -100,28 +101,34 @@ def _function(s: OpSchedule) -> list[str]:
     tensors = ", ".join(i.name for i in fwd.inputs)
     lines += emit_math_in_aten(s)
     if outputs == 1:
-        tangents = ["  avo::autograd::set_tangent(outputs, math[0]);"]
+        grafted = ["  return avo::autograd::with_derivatives_of(outputs, math[0]);"]
     else:
-        tangents = [f"  avo::autograd::set_tangent(std::get<{k}>(outputs), math[{k}]);" for k in range(outputs)]
-    primals = ", ".join([f"avo::autograd::primal({i.name})" for i in fwd.inputs] + [a.name for a in attrs])
-    lines += ["// Forward-mode differentiation (an input carries a tangent: torch.func.jvp,",
-              "// torch.autograd.forward_ad): the outputs from the kernels, on the inputs' primal values,",
-              "// and their tangents from math_in_aten on the dual inputs.",
-              f"{_return_type(fwd)} dual_call({_cpp_params(fwd)}) {{",
-              f"  {'auto' if outputs > 1 else 'at::Tensor'} outputs = forward_op().call({primals});",
+        grafted = ["  return {" + ", ".join(f"avo::autograd::with_derivatives_of(std::get<{k}>(outputs), math[{k}])"
+                                          for k in range(outputs)) + "};"]
+    detached = ", ".join([f"avo::autograd::detached({i.name})" for i in fwd.inputs] + [a.name for a in attrs])
+    lines += ["// The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry",
+              "// tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph",
+              "// under a torch.func transform (grad, vjp, jacrev; vmap), which runs no C++ autograd",
+              "// Function. Tangents and graph both come from the math, so that they compose (a jvp of",
+              "// a grad).",
+              f"{_return_type(fwd)} math_call({_cpp_params(fwd)}) {{",
+              "  // On detached inputs: values without a derivative at any level of nested transforms",
+              "  // (a derivative reached through them too would count twice).",
+              f"  {'const auto' if outputs > 1 else 'const at::Tensor'} outputs = forward_op().call({detached});",
               f"  const std::vector<at::Tensor> math = math_in_aten({arg_names});",
-              *tangents,
-              "  return outputs;",
+              *grafted,
               "}", ""]
     # Without a graph to record, the kernel passes the call on to the keys below autograd
     # (redispatch, as torch's own autograd kernels do) instead of dispatching it again from
     # the start; the guard keeps the ops the kernel calls below autograd too.
     lines += [f"{_return_type(fwd)} autograd_kernel(c10::DispatchKeySet keys, {_cpp_params(fwd)}) {{",
-              f"  if (avo::autograd::any_tangent({tensors})) return dual_call({arg_names});",
+              f"  if (avo::autograd::any_tangent({tensors})) return math_call({arg_names});",
               f"  if (!avo::autograd::needs_grad({tensors})) {{  // no graph to record",
               "    at::AutoDispatchBelowADInplaceOrView below_autograd;",
               f"    return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, {arg_names});",
-              "  }", *body, "}", ""]
+              "  }",
+              f"  if (avo::autograd::in_transform()) return math_call({arg_names});",
+              *body, "}", ""]
     backward_args = ", ".join([i.name for i in bwd.inputs] + [a.name for a in attrs])
     backward_tensors = ", ".join(i.name for i in bwd.inputs)
     lines += ["// The backward has no derivative of its own: a call that would record a graph (a double",
@@ -155,13 +162,14 @@ def emit_autograd(schedules: list[OpSchedule], namespace: str = "avo") -> str:
     lines = [header_comment("specs/*.yaml").rstrip("\n"), "",
              "#include <ATen/ATen.h>",
              "#include <ATen/core/dispatch/Dispatcher.h>",
+             "#include <c10/core/impl/LocalDispatchKeySet.h>",
              "#include <c10/util/accumulate.h>",
              "#include <torch/csrc/autograd/custom_function.h>",
              "#include <torch/library.h>", "",
              "#include <cmath>", "#include <optional>", "#include <string>", "#include <tuple>", "#include <vector>", "",
              "// The Autograd kernel of every op: a torch::autograd::Function per op that runs the op",
              "// below autograd, saves what its backward reads, and whose backward calls <op>_backward;",
-             "// forward-mode tangents from the op's math in ATen operations (math_in_aten).",
+             "// tangents, and graphs under torch.func, from the op's math in ATen operations.",
              "namespace avo::autograd {", "",
              "// A saved optional input: undefined when the call passed none.",
              "inline std::optional<at::Tensor> present(const at::Tensor& saved) {",
@@ -189,19 +197,25 @@ def emit_autograd(schedules: list[OpSchedule], namespace: str = "avo") -> str:
              "bool any_tangent(const Tensors&... tensors) {",
              "  return (has_tangent(tensors) || ...);",
              "}", "",
-             "// A tensor's primal value: without its tangent, which the kernels do not read.",
-             "inline at::Tensor primal(const at::Tensor& t) { return has_tangent(t) ? t._fw_primal(0) : t; }",
-             "inline std::optional<at::Tensor> primal(const std::optional<at::Tensor>& t) {",
-             "  return t.has_value() ? std::optional<at::Tensor>(primal(*t)) : std::nullopt;",
+             "inline at::Tensor detached(const at::Tensor& t) { return t.detach(); }",
+             "inline std::optional<at::Tensor> detached(const std::optional<at::Tensor>& t) {",
+             "  return t.has_value() ? std::optional<at::Tensor>(t->detach()) : std::nullopt;",
              "}", "",
-             "// Gives `output` the tangent of `math` (an output of math_in_aten, in float32, in the",
-             "// rows' layout), in the output's dtype and shape; nothing where it has none.",
-             "inline void set_tangent(const at::Tensor& output, const at::Tensor& math) {",
-             "  const at::Tensor tangent = math.defined() ? math._fw_grad(0) : at::Tensor();",
-             "  if (!tangent.defined()) return;",
-             "  at::Tensor shaped = tangent.to(output.scalar_type());",
-             "  shaped = shaped.numel() == output.numel() ? shaped.reshape(output.sizes()) : shaped.expand(output.sizes());",
-             "  output._set_fw_grad(shaped.contiguous(), 0, /*is_inplace_op=*/false);",
+             "// Whether a torch.func transform is active (its layers keep this key in the thread's",
+             "// dispatch keys): they run no C++ autograd Function.",
+             "inline bool in_transform() {",
+             "  return c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerBackMode);",
+             "}", "",
+             "// `kernel` (an output of the op's kernels) with the derivatives of `math` (its value from",
+             "// math_in_aten, in float32 and the rows' layout): kernel - (m - m), one m detached, keeps",
+             "// the kernel's bits (-0 too) and takes m's tangent and graph, cast to the kernel's dtype.",
+             "// Where `math` is not finite the kernel's value stands alone, without a derivative (m - m",
+             "// would be NaN there).",
+             "inline at::Tensor with_derivatives_of(const at::Tensor& kernel, const at::Tensor& math) {",
+             "  if (!math.defined()) return kernel;",
+             "  const at::Tensor m = math.numel() == kernel.numel() ? math.reshape(kernel.sizes()) : math.expand(kernel.sizes());",
+             "  const at::Tensor zero = (m.detach() - m).to(kernel.scalar_type());",
+             "  return at::where(at::isfinite(m), kernel - zero, kernel);",
              "}", "",
              "// For math_in_aten: a number as a 0-dim float32 tensor beside `like`; a channel op's",
              "// tensor [B, C, *spatial] as float32 rows [B, C, spatial elements]; the functions of",

@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/accumulate.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -15,7 +16,7 @@
 
 // The Autograd kernel of every op: a torch::autograd::Function per op that runs the op
 // below autograd, saves what its backward reads, and whose backward calls <op>_backward;
-// forward-mode tangents from the op's math in ATen operations (math_in_aten).
+// tangents, and graphs under torch.func, from the op's math in ATen operations.
 namespace avo::autograd {
 
 // A saved optional input: undefined when the call passed none.
@@ -48,20 +49,27 @@ bool any_tangent(const Tensors&... tensors) {
   return (has_tangent(tensors) || ...);
 }
 
-// A tensor's primal value: without its tangent, which the kernels do not read.
-inline at::Tensor primal(const at::Tensor& t) { return has_tangent(t) ? t._fw_primal(0) : t; }
-inline std::optional<at::Tensor> primal(const std::optional<at::Tensor>& t) {
-  return t.has_value() ? std::optional<at::Tensor>(primal(*t)) : std::nullopt;
+inline at::Tensor detached(const at::Tensor& t) { return t.detach(); }
+inline std::optional<at::Tensor> detached(const std::optional<at::Tensor>& t) {
+  return t.has_value() ? std::optional<at::Tensor>(t->detach()) : std::nullopt;
 }
 
-// Gives `output` the tangent of `math` (an output of math_in_aten, in float32, in the
-// rows' layout), in the output's dtype and shape; nothing where it has none.
-inline void set_tangent(const at::Tensor& output, const at::Tensor& math) {
-  const at::Tensor tangent = math.defined() ? math._fw_grad(0) : at::Tensor();
-  if (!tangent.defined()) return;
-  at::Tensor shaped = tangent.to(output.scalar_type());
-  shaped = shaped.numel() == output.numel() ? shaped.reshape(output.sizes()) : shaped.expand(output.sizes());
-  output._set_fw_grad(shaped.contiguous(), 0, /*is_inplace_op=*/false);
+// Whether a torch.func transform is active (its layers keep this key in the thread's
+// dispatch keys): they run no C++ autograd Function.
+inline bool in_transform() {
+  return c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerBackMode);
+}
+
+// `kernel` (an output of the op's kernels) with the derivatives of `math` (its value from
+// math_in_aten, in float32 and the rows' layout): kernel - (m - m), one m detached, keeps
+// the kernel's bits (-0 too) and takes m's tangent and graph, cast to the kernel's dtype.
+// Where `math` is not finite the kernel's value stands alone, without a derivative (m - m
+// would be NaN there).
+inline at::Tensor with_derivatives_of(const at::Tensor& kernel, const at::Tensor& math) {
+  if (!math.defined()) return kernel;
+  const at::Tensor m = math.numel() == kernel.numel() ? math.reshape(kernel.sizes()) : math.expand(kernel.sizes());
+  const at::Tensor zero = (m.detach() - m).to(kernel.scalar_type());
+  return at::where(at::isfinite(m), kernel - zero, kernel);
 }
 
 // For math_in_aten: a number as a 0-dim float32 tensor beside `like`; a channel op's
@@ -126,8 +134,8 @@ class Function : public torch::autograd::Function<Function> {
   }
 };
 
-// The math of avo::add_layernorm in ATen operations, in float32: run on dual inputs, torch
-// differentiates it forward and the outputs' tangents come out (see dual_call).
+// The math of avo::add_layernorm in ATen operations, in float32, for torch to differentiate
+// (see math_call).
 std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const at::Tensor& residual_arg, const std::optional<at::Tensor>& weight_arg, const std::optional<at::Tensor>& bias_arg, double eps) {
   const at::Tensor x = x_arg.to(at::kFloat);
   const at::Tensor residual = residual_arg.to(at::kFloat);
@@ -142,23 +150,26 @@ std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const at::Tensor& 
   return {hidden, y};
 }
 
-// Forward-mode differentiation (an input carries a tangent: torch.func.jvp,
-// torch.autograd.forward_ad): the outputs from the kernels, on the inputs' primal values,
-// and their tangents from math_in_aten on the dual inputs.
-std::tuple<at::Tensor, at::Tensor> dual_call(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
-  auto outputs = forward_op().call(avo::autograd::primal(x), avo::autograd::primal(residual), avo::autograd::primal(weight), avo::autograd::primal(bias), eps);
+// The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
+// tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
+// under a torch.func transform (grad, vjp, jacrev; vmap), which runs no C++ autograd
+// Function. Tangents and graph both come from the math, so that they compose (a jvp of
+// a grad).
+std::tuple<at::Tensor, at::Tensor> math_call(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+  // On detached inputs: values without a derivative at any level of nested transforms
+  // (a derivative reached through them too would count twice).
+  const auto outputs = forward_op().call(avo::autograd::detached(x), avo::autograd::detached(residual), avo::autograd::detached(weight), avo::autograd::detached(bias), eps);
   const std::vector<at::Tensor> math = math_in_aten(x, residual, weight, bias, eps);
-  avo::autograd::set_tangent(std::get<0>(outputs), math[0]);
-  avo::autograd::set_tangent(std::get<1>(outputs), math[1]);
-  return outputs;
+  return {avo::autograd::with_derivatives_of(std::get<0>(outputs), math[0]), avo::autograd::with_derivatives_of(std::get<1>(outputs), math[1])};
 }
 
 std::tuple<at::Tensor, at::Tensor> autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
-  if (avo::autograd::any_tangent(x, residual, weight, bias)) return dual_call(x, residual, weight, bias, eps);
+  if (avo::autograd::any_tangent(x, residual, weight, bias)) return math_call(x, residual, weight, bias, eps);
   if (!avo::autograd::needs_grad(x, residual, weight, bias)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x, residual, weight, bias, eps);
   }
+  if (avo::autograd::in_transform()) return math_call(x, residual, weight, bias, eps);
   const torch::autograd::variable_list outputs = Function::apply(x, residual, weight, bias, eps);
   return {outputs[0], outputs[1]};
 }
@@ -225,8 +236,8 @@ class Function : public torch::autograd::Function<Function> {
   }
 };
 
-// The math of avo::add_rmsnorm in ATen operations, in float32: run on dual inputs, torch
-// differentiates it forward and the outputs' tangents come out (see dual_call).
+// The math of avo::add_rmsnorm in ATen operations, in float32, for torch to differentiate
+// (see math_call).
 std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const at::Tensor& residual_arg, const std::optional<at::Tensor>& weight_arg, double eps) {
   const at::Tensor x = x_arg.to(at::kFloat);
   const at::Tensor residual = residual_arg.to(at::kFloat);
@@ -238,23 +249,26 @@ std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const at::Tensor& 
   return {hidden, y};
 }
 
-// Forward-mode differentiation (an input carries a tangent: torch.func.jvp,
-// torch.autograd.forward_ad): the outputs from the kernels, on the inputs' primal values,
-// and their tangents from math_in_aten on the dual inputs.
-std::tuple<at::Tensor, at::Tensor> dual_call(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
-  auto outputs = forward_op().call(avo::autograd::primal(x), avo::autograd::primal(residual), avo::autograd::primal(weight), eps);
+// The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
+// tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
+// under a torch.func transform (grad, vjp, jacrev; vmap), which runs no C++ autograd
+// Function. Tangents and graph both come from the math, so that they compose (a jvp of
+// a grad).
+std::tuple<at::Tensor, at::Tensor> math_call(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
+  // On detached inputs: values without a derivative at any level of nested transforms
+  // (a derivative reached through them too would count twice).
+  const auto outputs = forward_op().call(avo::autograd::detached(x), avo::autograd::detached(residual), avo::autograd::detached(weight), eps);
   const std::vector<at::Tensor> math = math_in_aten(x, residual, weight, eps);
-  avo::autograd::set_tangent(std::get<0>(outputs), math[0]);
-  avo::autograd::set_tangent(std::get<1>(outputs), math[1]);
-  return outputs;
+  return {avo::autograd::with_derivatives_of(std::get<0>(outputs), math[0]), avo::autograd::with_derivatives_of(std::get<1>(outputs), math[1])};
 }
 
 std::tuple<at::Tensor, at::Tensor> autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
-  if (avo::autograd::any_tangent(x, residual, weight)) return dual_call(x, residual, weight, eps);
+  if (avo::autograd::any_tangent(x, residual, weight)) return math_call(x, residual, weight, eps);
   if (!avo::autograd::needs_grad(x, residual, weight)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x, residual, weight, eps);
   }
+  if (avo::autograd::in_transform()) return math_call(x, residual, weight, eps);
   const torch::autograd::variable_list outputs = Function::apply(x, residual, weight, eps);
   return {outputs[0], outputs[1]};
 }
@@ -322,8 +336,8 @@ class Function : public torch::autograd::Function<Function> {
   }
 };
 
-// The math of avo::channel_norm in ATen operations, in float32: run on dual inputs, torch
-// differentiates it forward and the outputs' tangents come out (see dual_call).
+// The math of avo::channel_norm in ATen operations, in float32, for torch to differentiate
+// (see math_call).
 std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const std::optional<at::Tensor>& gamma_arg, const std::optional<at::Tensor>& beta_arg, double eps, bool swish) {
   const at::Tensor x = avo::autograd::channel_rows(x_arg);
   const at::Tensor gamma = gamma_arg ? gamma_arg->to(at::kFloat).unsqueeze(-1) : avo::autograd::scalar_tensor(1.0, x_arg);
@@ -345,22 +359,26 @@ std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const std::optiona
   }
 }
 
-// Forward-mode differentiation (an input carries a tangent: torch.func.jvp,
-// torch.autograd.forward_ad): the outputs from the kernels, on the inputs' primal values,
-// and their tangents from math_in_aten on the dual inputs.
-at::Tensor dual_call(const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
-  at::Tensor outputs = forward_op().call(avo::autograd::primal(x), avo::autograd::primal(gamma), avo::autograd::primal(beta), eps, swish);
+// The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
+// tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
+// under a torch.func transform (grad, vjp, jacrev; vmap), which runs no C++ autograd
+// Function. Tangents and graph both come from the math, so that they compose (a jvp of
+// a grad).
+at::Tensor math_call(const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
+  // On detached inputs: values without a derivative at any level of nested transforms
+  // (a derivative reached through them too would count twice).
+  const at::Tensor outputs = forward_op().call(avo::autograd::detached(x), avo::autograd::detached(gamma), avo::autograd::detached(beta), eps, swish);
   const std::vector<at::Tensor> math = math_in_aten(x, gamma, beta, eps, swish);
-  avo::autograd::set_tangent(outputs, math[0]);
-  return outputs;
+  return avo::autograd::with_derivatives_of(outputs, math[0]);
 }
 
 at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
-  if (avo::autograd::any_tangent(x, gamma, beta)) return dual_call(x, gamma, beta, eps, swish);
+  if (avo::autograd::any_tangent(x, gamma, beta)) return math_call(x, gamma, beta, eps, swish);
   if (!avo::autograd::needs_grad(x, gamma, beta)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x, gamma, beta, eps, swish);
   }
+  if (avo::autograd::in_transform()) return math_call(x, gamma, beta, eps, swish);
   return Function::apply(x, gamma, beta, eps, swish)[0];
 }
 
@@ -420,8 +438,8 @@ class Function : public torch::autograd::Function<Function> {
   }
 };
 
-// The math of avo::gelu in ATen operations, in float32: run on dual inputs, torch
-// differentiates it forward and the outputs' tangents come out (see dual_call).
+// The math of avo::gelu in ATen operations, in float32, for torch to differentiate
+// (see math_call).
 std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, c10::string_view approximate) {
   const at::Tensor x = x_arg.to(at::kFloat);
   if (approximate == "none") {
@@ -435,22 +453,26 @@ std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, c10::string_view a
   }
 }
 
-// Forward-mode differentiation (an input carries a tangent: torch.func.jvp,
-// torch.autograd.forward_ad): the outputs from the kernels, on the inputs' primal values,
-// and their tangents from math_in_aten on the dual inputs.
-at::Tensor dual_call(const at::Tensor& x, c10::string_view approximate) {
-  at::Tensor outputs = forward_op().call(avo::autograd::primal(x), approximate);
+// The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
+// tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
+// under a torch.func transform (grad, vjp, jacrev; vmap), which runs no C++ autograd
+// Function. Tangents and graph both come from the math, so that they compose (a jvp of
+// a grad).
+at::Tensor math_call(const at::Tensor& x, c10::string_view approximate) {
+  // On detached inputs: values without a derivative at any level of nested transforms
+  // (a derivative reached through them too would count twice).
+  const at::Tensor outputs = forward_op().call(avo::autograd::detached(x), approximate);
   const std::vector<at::Tensor> math = math_in_aten(x, approximate);
-  avo::autograd::set_tangent(outputs, math[0]);
-  return outputs;
+  return avo::autograd::with_derivatives_of(outputs, math[0]);
 }
 
 at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x, c10::string_view approximate) {
-  if (avo::autograd::any_tangent(x)) return dual_call(x, approximate);
+  if (avo::autograd::any_tangent(x)) return math_call(x, approximate);
   if (!avo::autograd::needs_grad(x)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x, approximate);
   }
+  if (avo::autograd::in_transform()) return math_call(x, approximate);
   return Function::apply(x, approximate)[0];
 }
 
@@ -505,8 +527,8 @@ class Function : public torch::autograd::Function<Function> {
   }
 };
 
-// The math of avo::layernorm in ATen operations, in float32: run on dual inputs, torch
-// differentiates it forward and the outputs' tangents come out (see dual_call).
+// The math of avo::layernorm in ATen operations, in float32, for torch to differentiate
+// (see math_call).
 std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const std::optional<at::Tensor>& weight_arg, const std::optional<at::Tensor>& bias_arg, double eps) {
   const at::Tensor x = x_arg.to(at::kFloat);
   const at::Tensor weight = weight_arg ? weight_arg->to(at::kFloat) : avo::autograd::scalar_tensor(1.0, x_arg);
@@ -520,22 +542,26 @@ std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const std::optiona
   return {y};
 }
 
-// Forward-mode differentiation (an input carries a tangent: torch.func.jvp,
-// torch.autograd.forward_ad): the outputs from the kernels, on the inputs' primal values,
-// and their tangents from math_in_aten on the dual inputs.
-at::Tensor dual_call(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
-  at::Tensor outputs = forward_op().call(avo::autograd::primal(x), avo::autograd::primal(weight), avo::autograd::primal(bias), eps);
+// The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
+// tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
+// under a torch.func transform (grad, vjp, jacrev; vmap), which runs no C++ autograd
+// Function. Tangents and graph both come from the math, so that they compose (a jvp of
+// a grad).
+at::Tensor math_call(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+  // On detached inputs: values without a derivative at any level of nested transforms
+  // (a derivative reached through them too would count twice).
+  const at::Tensor outputs = forward_op().call(avo::autograd::detached(x), avo::autograd::detached(weight), avo::autograd::detached(bias), eps);
   const std::vector<at::Tensor> math = math_in_aten(x, weight, bias, eps);
-  avo::autograd::set_tangent(outputs, math[0]);
-  return outputs;
+  return avo::autograd::with_derivatives_of(outputs, math[0]);
 }
 
 at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
-  if (avo::autograd::any_tangent(x, weight, bias)) return dual_call(x, weight, bias, eps);
+  if (avo::autograd::any_tangent(x, weight, bias)) return math_call(x, weight, bias, eps);
   if (!avo::autograd::needs_grad(x, weight, bias)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x, weight, bias, eps);
   }
+  if (avo::autograd::in_transform()) return math_call(x, weight, bias, eps);
   return Function::apply(x, weight, bias, eps)[0];
 }
 
@@ -600,8 +626,8 @@ class Function : public torch::autograd::Function<Function> {
   }
 };
 
-// The math of avo::log_softmax in ATen operations, in float32: run on dual inputs, torch
-// differentiates it forward and the outputs' tangents come out (see dual_call).
+// The math of avo::log_softmax in ATen operations, in float32, for torch to differentiate
+// (see math_call).
 std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg) {
   const at::Tensor x = x_arg.to(at::kFloat);
   const at::Tensor shifted = x - at::amax(x, -1, /*keepdim=*/true).detach();
@@ -610,22 +636,26 @@ std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg) {
   return {y};
 }
 
-// Forward-mode differentiation (an input carries a tangent: torch.func.jvp,
-// torch.autograd.forward_ad): the outputs from the kernels, on the inputs' primal values,
-// and their tangents from math_in_aten on the dual inputs.
-at::Tensor dual_call(const at::Tensor& x) {
-  at::Tensor outputs = forward_op().call(avo::autograd::primal(x));
+// The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
+// tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
+// under a torch.func transform (grad, vjp, jacrev; vmap), which runs no C++ autograd
+// Function. Tangents and graph both come from the math, so that they compose (a jvp of
+// a grad).
+at::Tensor math_call(const at::Tensor& x) {
+  // On detached inputs: values without a derivative at any level of nested transforms
+  // (a derivative reached through them too would count twice).
+  const at::Tensor outputs = forward_op().call(avo::autograd::detached(x));
   const std::vector<at::Tensor> math = math_in_aten(x);
-  avo::autograd::set_tangent(outputs, math[0]);
-  return outputs;
+  return avo::autograd::with_derivatives_of(outputs, math[0]);
 }
 
 at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x) {
-  if (avo::autograd::any_tangent(x)) return dual_call(x);
+  if (avo::autograd::any_tangent(x)) return math_call(x);
   if (!avo::autograd::needs_grad(x)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x);
   }
+  if (avo::autograd::in_transform()) return math_call(x);
   return Function::apply(x)[0];
 }
 
@@ -691,8 +721,8 @@ class Function : public torch::autograd::Function<Function> {
   }
 };
 
-// The math of avo::rmsnorm in ATen operations, in float32: run on dual inputs, torch
-// differentiates it forward and the outputs' tangents come out (see dual_call).
+// The math of avo::rmsnorm in ATen operations, in float32, for torch to differentiate
+// (see math_call).
 std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const std::optional<at::Tensor>& weight_arg, double eps) {
   const at::Tensor x = x_arg.to(at::kFloat);
   const at::Tensor weight = weight_arg ? weight_arg->to(at::kFloat) : avo::autograd::scalar_tensor(1.0, x_arg);
@@ -702,22 +732,26 @@ std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const std::optiona
   return {y};
 }
 
-// Forward-mode differentiation (an input carries a tangent: torch.func.jvp,
-// torch.autograd.forward_ad): the outputs from the kernels, on the inputs' primal values,
-// and their tangents from math_in_aten on the dual inputs.
-at::Tensor dual_call(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
-  at::Tensor outputs = forward_op().call(avo::autograd::primal(x), avo::autograd::primal(weight), eps);
+// The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
+// tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
+// under a torch.func transform (grad, vjp, jacrev; vmap), which runs no C++ autograd
+// Function. Tangents and graph both come from the math, so that they compose (a jvp of
+// a grad).
+at::Tensor math_call(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
+  // On detached inputs: values without a derivative at any level of nested transforms
+  // (a derivative reached through them too would count twice).
+  const at::Tensor outputs = forward_op().call(avo::autograd::detached(x), avo::autograd::detached(weight), eps);
   const std::vector<at::Tensor> math = math_in_aten(x, weight, eps);
-  avo::autograd::set_tangent(outputs, math[0]);
-  return outputs;
+  return avo::autograd::with_derivatives_of(outputs, math[0]);
 }
 
 at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
-  if (avo::autograd::any_tangent(x, weight)) return dual_call(x, weight, eps);
+  if (avo::autograd::any_tangent(x, weight)) return math_call(x, weight, eps);
   if (!avo::autograd::needs_grad(x, weight)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x, weight, eps);
   }
+  if (avo::autograd::in_transform()) return math_call(x, weight, eps);
   return Function::apply(x, weight, eps)[0];
 }
 
@@ -776,30 +810,34 @@ class Function : public torch::autograd::Function<Function> {
   }
 };
 
-// The math of avo::silu in ATen operations, in float32: run on dual inputs, torch
-// differentiates it forward and the outputs' tangents come out (see dual_call).
+// The math of avo::silu in ATen operations, in float32, for torch to differentiate
+// (see math_call).
 std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg) {
   const at::Tensor x = x_arg.to(at::kFloat);
   const at::Tensor y = x * at::sigmoid(x);
   return {y};
 }
 
-// Forward-mode differentiation (an input carries a tangent: torch.func.jvp,
-// torch.autograd.forward_ad): the outputs from the kernels, on the inputs' primal values,
-// and their tangents from math_in_aten on the dual inputs.
-at::Tensor dual_call(const at::Tensor& x) {
-  at::Tensor outputs = forward_op().call(avo::autograd::primal(x));
+// The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
+// tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
+// under a torch.func transform (grad, vjp, jacrev; vmap), which runs no C++ autograd
+// Function. Tangents and graph both come from the math, so that they compose (a jvp of
+// a grad).
+at::Tensor math_call(const at::Tensor& x) {
+  // On detached inputs: values without a derivative at any level of nested transforms
+  // (a derivative reached through them too would count twice).
+  const at::Tensor outputs = forward_op().call(avo::autograd::detached(x));
   const std::vector<at::Tensor> math = math_in_aten(x);
-  avo::autograd::set_tangent(outputs, math[0]);
-  return outputs;
+  return avo::autograd::with_derivatives_of(outputs, math[0]);
 }
 
 at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x) {
-  if (avo::autograd::any_tangent(x)) return dual_call(x);
+  if (avo::autograd::any_tangent(x)) return math_call(x);
   if (!avo::autograd::needs_grad(x)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x);
   }
+  if (avo::autograd::in_transform()) return math_call(x);
   return Function::apply(x)[0];
 }
 
@@ -853,8 +891,8 @@ class Function : public torch::autograd::Function<Function> {
   }
 };
 
-// The math of avo::softmax in ATen operations, in float32: run on dual inputs, torch
-// differentiates it forward and the outputs' tangents come out (see dual_call).
+// The math of avo::softmax in ATen operations, in float32, for torch to differentiate
+// (see math_call).
 std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg) {
   const at::Tensor x = x_arg.to(at::kFloat);
   const at::Tensor row_max = at::amax(x, -1, /*keepdim=*/true).detach();
@@ -864,22 +902,26 @@ std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg) {
   return {y};
 }
 
-// Forward-mode differentiation (an input carries a tangent: torch.func.jvp,
-// torch.autograd.forward_ad): the outputs from the kernels, on the inputs' primal values,
-// and their tangents from math_in_aten on the dual inputs.
-at::Tensor dual_call(const at::Tensor& x) {
-  at::Tensor outputs = forward_op().call(avo::autograd::primal(x));
+// The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
+// tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
+// under a torch.func transform (grad, vjp, jacrev; vmap), which runs no C++ autograd
+// Function. Tangents and graph both come from the math, so that they compose (a jvp of
+// a grad).
+at::Tensor math_call(const at::Tensor& x) {
+  // On detached inputs: values without a derivative at any level of nested transforms
+  // (a derivative reached through them too would count twice).
+  const at::Tensor outputs = forward_op().call(avo::autograd::detached(x));
   const std::vector<at::Tensor> math = math_in_aten(x);
-  avo::autograd::set_tangent(outputs, math[0]);
-  return outputs;
+  return avo::autograd::with_derivatives_of(outputs, math[0]);
 }
 
 at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x) {
-  if (avo::autograd::any_tangent(x)) return dual_call(x);
+  if (avo::autograd::any_tangent(x)) return math_call(x);
   if (!avo::autograd::needs_grad(x)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x);
   }
+  if (avo::autograd::in_transform()) return math_call(x);
   return Function::apply(x)[0];
 }
 
@@ -945,8 +987,8 @@ class Function : public torch::autograd::Function<Function> {
   }
 };
 
-// The math of avo::swish_layernorm in ATen operations, in float32: run on dual inputs, torch
-// differentiates it forward and the outputs' tangents come out (see dual_call).
+// The math of avo::swish_layernorm in ATen operations, in float32, for torch to differentiate
+// (see math_call).
 std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const std::optional<at::Tensor>& weight_arg, const std::optional<at::Tensor>& bias_arg, double eps) {
   const at::Tensor x = x_arg.to(at::kFloat);
   const at::Tensor weight = weight_arg ? weight_arg->to(at::kFloat) : avo::autograd::scalar_tensor(1.0, x_arg);
@@ -960,22 +1002,26 @@ std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const std::optiona
   return {y};
 }
 
-// Forward-mode differentiation (an input carries a tangent: torch.func.jvp,
-// torch.autograd.forward_ad): the outputs from the kernels, on the inputs' primal values,
-// and their tangents from math_in_aten on the dual inputs.
-at::Tensor dual_call(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
-  at::Tensor outputs = forward_op().call(avo::autograd::primal(x), avo::autograd::primal(weight), avo::autograd::primal(bias), eps);
+// The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
+// tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
+// under a torch.func transform (grad, vjp, jacrev; vmap), which runs no C++ autograd
+// Function. Tangents and graph both come from the math, so that they compose (a jvp of
+// a grad).
+at::Tensor math_call(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+  // On detached inputs: values without a derivative at any level of nested transforms
+  // (a derivative reached through them too would count twice).
+  const at::Tensor outputs = forward_op().call(avo::autograd::detached(x), avo::autograd::detached(weight), avo::autograd::detached(bias), eps);
   const std::vector<at::Tensor> math = math_in_aten(x, weight, bias, eps);
-  avo::autograd::set_tangent(outputs, math[0]);
-  return outputs;
+  return avo::autograd::with_derivatives_of(outputs, math[0]);
 }
 
 at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
-  if (avo::autograd::any_tangent(x, weight, bias)) return dual_call(x, weight, bias, eps);
+  if (avo::autograd::any_tangent(x, weight, bias)) return math_call(x, weight, bias, eps);
   if (!avo::autograd::needs_grad(x, weight, bias)) {  // no graph to record
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x, weight, bias, eps);
   }
+  if (avo::autograd::in_transform()) return math_call(x, weight, bias, eps);
   return Function::apply(x, weight, bias, eps)[0];
 }
 

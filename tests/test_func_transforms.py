@@ -1,7 +1,9 @@
-"""Forward-mode differentiation of every op: torch.func.jvp, torch.func.jacfwd and
-torch.autograd.forward_ad dual tensors, against the same transforms of float64 torch
-references; the outputs' values stay the kernels'; the ops that have no forward-mode
-derivative (<op>_backward, <op>_forward) raise naming themselves.
+"""Every op under torch.func's transforms and forward-mode differentiation, against the
+same transforms of float64 torch references: torch.func.jvp, jacfwd and
+torch.autograd.forward_ad dual tensors (tangents); torch.func.grad, vjp, jacrev, hessian
+and vmap of calls that record a graph (which run no C++ autograd Function). The outputs'
+values stay the kernels'; the ops that have no forward-mode derivative (<op>_backward,
+<op>_forward) raise naming themselves.
 
 Tolerances: the tangents are computed in float32 from the inputs and the tangents as
 given (16-bit ones converted exactly), then rounded to the op's dtype, so
@@ -203,3 +205,76 @@ def test_backward_and_saving_forward_raise_naming_the_op(device):
             torch.ops.avo.gelu_backward(dual, x)
         with pytest.raises(RuntimeError, match=r"avo::layernorm_forward has no forward-mode derivative"):
             torch.ops.avo.layernorm_forward(dual)
+
+
+# ---------------------------------------------------------------------------------
+# Reverse mode under torch.func: grad, vjp, jacrev, hessian, vmap.
+# ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_vjp_matches_float64_reference(case, device, dtype):
+    primals, _ = _inputs(case, dtype, device)
+    outputs, pullback = torch.func.vjp(CASES[case][0], *primals)
+    plain = CASES[case][0](*primals)
+    generator = torch.Generator().manual_seed(2)
+    cotangents = tuple(torch.randn(o.shape, generator=generator, dtype=torch.float64) for o in _as_tuple(plain))
+    def unpacked(values):
+        return values if isinstance(plain, tuple) else values[0]
+
+    got = pullback(unpacked(tuple(c.to(dtype=dtype, device=device) for c in cotangents)))
+    _, reference_pullback = torch.func.vjp(_reference(case, dtype), *(p.double() for p in primals))
+    expected = reference_pullback(unpacked(tuple(c.to(dtype=dtype, device=device).double() for c in cotangents)))
+    for g, e, p in zip(got, expected, primals):
+        assert g.dtype == p.dtype and g.shape == p.shape
+        tol = dict(TOLERANCES[dtype])
+        # Parameter gradients sum over rows: 64 eps of the largest term times the rows.
+        tol["atol"] = max(tol["atol"], 64 * FP32_EPS * e.abs().max().item() * (primals[0].numel() // p.numel()))
+        torch.testing.assert_close(g.double(), e, **tol)
+    # The values are the kernels', as without the transform.
+    for got_value, plain_value in zip(_as_tuple(outputs), _as_tuple(plain)):
+        torch.testing.assert_close(got_value, plain_value, rtol=0, atol=0)
+
+
+def test_per_sample_gradients_with_vmap_of_grad(device):
+    """vmap(grad(...)): a gradient of the weight for each sample of a batch."""
+    (x, w, b), _ = _inputs("layernorm_affine", torch.float32, device)
+
+    def loss(weight, sample, call):
+        return (call(sample, weight, b) ** 2).sum()
+
+    got = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, None))(w, x, avo_ops.layernorm)
+    expected = torch.stack([torch.func.grad(loss)(w.double(), s.double(), lambda a, ww, bb: _ln(a, ww, bb.double()))
+                            for s in x])
+    assert got.shape == (x.shape[0], w.shape[0])
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["softmax", "rmsnorm", "channel_norm_swish"])
+def test_jacrev_matches_float64_reference(case, device):
+    primals, _ = _inputs(case, torch.float32, device)
+    jacobian = torch.func.jacrev(lambda a: CASES[case][0](a, *primals[1:]))(primals[0])
+    expected = torch.func.jacrev(lambda a: CASES[case][1](a, *(p.double() for p in primals[1:])))(primals[0].double())
+    assert_tangents_match(jacobian, expected, torch.float32)
+
+
+def test_hessian_matches_float64_reference(device):
+    """jacfwd(jacrev(...)): second derivatives, through the math's graph."""
+    x = torch.linspace(-3, 3, 24, device=device)
+    got = torch.func.hessian(lambda a: avo_ops.swish_layernorm(a).pow(3).sum())(x)
+    expected = torch.func.hessian(lambda a: _ln(F.silu(a)).pow(3).sum())(x.double())
+    torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_vmap_of_a_module_that_records_a_graph(device):
+    """vmap over a module whose parameters require grad, then backward: the call records a
+    graph inside vmap (which runs no C++ autograd Function)."""
+    module = avo_ops.nn.LayerNorm(48, device=device)
+    with torch.no_grad():
+        module.weight.normal_()
+    (x,), (g,) = _inputs("layernorm", torch.float32, device)
+    y = torch.func.vmap(module)(x.reshape(5, 1, 48)).reshape(5, 48)
+    (y * g).sum().backward()
+    w64 = module.weight.detach().double().requires_grad_()
+    ((_ln(x.double(), w64, module.bias.detach().double()) * g.double()).sum()).backward()
+    torch.testing.assert_close(module.weight.grad.double(), w64.grad, rtol=1e-5, atol=1e-5)
