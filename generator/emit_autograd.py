@@ -64,6 +64,7 @@ def _function(s: OpSchedule) -> list[str]:
              f"  static const auto op = {op_handle(bwd)};",
              "  return op;",
              "}", "",
+             *emit_math_in_aten(s),
              "class Function : public torch::autograd::Function<Function> {",
              " public:",
              f"  static torch::autograd::variable_list forward({forward_params}) {{",
@@ -79,7 +80,19 @@ def _function(s: OpSchedule) -> list[str]:
     call = [f"grads[{k}]" for k in range(outputs)]
     call += [f"avo::autograd::present(saved[{j}])" if kind == "input" and inputs[k].optional else f"saved[{j}]"
              for j, (kind, k) in enumerate(kept)]
-    call += [f'ctx->saved_data["{a.name}"].{_SAVED_READ[a.type]}' for a in attrs]
+    saved_attrs = [f'ctx->saved_data["{a.name}"].{_SAVED_READ[a.type]}' for a in attrs]
+    call += saved_attrs
+    twice_differentiable = all(("input", k) in kept for k in range(len(inputs)))
+    if twice_differentiable:
+        # With every input kept, a backward that must itself be differentiable takes its
+        # gradients from the math. (The add_ ops keep their output hidden instead of x and
+        # residual, so their backward stays first-order.)
+        kept_inputs = [f"saved[{kept.index(('input', k))}]" for k in range(len(inputs))]
+        math_args = [f"avo::autograd::present({t})" if i.optional else t for t, i in zip(kept_inputs, inputs)]
+        lines += ["    if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own",
+                  f"      return avo::autograd::differentiable_gradients(math_in_aten({', '.join(math_args + saved_attrs)}),",
+                  f"                                                     {{{', '.join(kept_inputs)}}}, grads, {len(attrs)});",
+                  "    }"]
     gradients = f"backward_op().call({', '.join(call)})"
     if len(bwd.outputs) == 1:
         lines.append(f"    const torch::autograd::variable_list gradients = {{{gradients}}};")
@@ -99,7 +112,6 @@ def _function(s: OpSchedule) -> list[str]:
         body = [f"  const torch::autograd::variable_list outputs = {first};",
                 "  return {" + ", ".join(f"outputs[{k}]" for k in range(outputs)) + "};"]
     tensors = ", ".join(i.name for i in fwd.inputs)
-    lines += emit_math_in_aten(s)
     if outputs == 1:
         grafted = ["  return avo::autograd::with_derivatives_of(outputs, math[0]);"]
     else:
@@ -131,14 +143,23 @@ def _function(s: OpSchedule) -> list[str]:
               *body, "}", ""]
     backward_args = ", ".join([i.name for i in bwd.inputs] + [a.name for a in attrs])
     backward_tensors = ", ".join(i.name for i in bwd.inputs)
-    lines += ["// The backward has no derivative of its own: a call that would record a graph (a double",
-              "// backward, create_graph=True) raises, where torch's fallback would warn and let no",
-              "// second derivative reach the inputs.",
+    if twice_differentiable:
+        why = (f"differentiate {fwd.qualified_name} itself (its double backward takes the gradients from its math, "
+               "not from this op)")
+        comment = ["// The backward op has no derivative of its own (Function::backward takes the gradients",
+                   "// of a double backward from math_in_aten instead): a call that would record a graph",
+                   "// raises, where torch's fallback would warn and let no second derivative reach the inputs."]
+    else:
+        why = f"{fwd.qualified_name} has first derivatives only (no double backward, no create_graph=True)"
+        comment = ["// The backward has no derivative of its own: a call that would record a graph (a double",
+                   "// backward, create_graph=True) raises, where torch's fallback would warn and let no",
+                   "// second derivative reach the inputs."]
+    lines += [*comment,
               f"{_return_type(bwd)} backward_autograd_kernel(c10::DispatchKeySet keys, {_cpp_params(bwd)}) {{",
               f"  TORCH_CHECK(!avo::autograd::any_tangent({backward_tensors}), \"{bwd.qualified_name} has no forward-mode \"",
               f"              \"derivative: a tangent reached it (torch.func.jvp or torch.autograd.forward_ad)\");",
               f"  TORCH_CHECK(!avo::autograd::needs_grad({backward_tensors}), \"{bwd.qualified_name} is not differentiable: \"",
-              f"              \"{fwd.qualified_name} has first derivatives only (no double backward, no create_graph=True)\");",
+              f"              \"{why}\");",
               "  at::AutoDispatchBelowADInplaceOrView below_autograd;",
               f"  return backward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, {backward_args});",
               "}", ""]
@@ -164,6 +185,7 @@ def emit_autograd(schedules: list[OpSchedule], namespace: str = "avo") -> str:
              "#include <ATen/core/dispatch/Dispatcher.h>",
              "#include <c10/core/impl/LocalDispatchKeySet.h>",
              "#include <c10/util/accumulate.h>",
+             "#include <torch/csrc/autograd/autograd.h>",
              "#include <torch/csrc/autograd/custom_function.h>",
              "#include <torch/library.h>", "",
              "#include <cmath>", "#include <optional>", "#include <string>", "#include <tuple>", "#include <vector>", "",
@@ -216,6 +238,35 @@ def emit_autograd(schedules: list[OpSchedule], namespace: str = "avo") -> str:
              "  const at::Tensor m = math.numel() == kernel.numel() ? math.reshape(kernel.sizes()) : math.expand(kernel.sizes());",
              "  const at::Tensor zero = (m.detach() - m).to(kernel.scalar_type());",
              "  return at::where(at::isfinite(m), kernel - zero, kernel);",
+             "}", "",
+             "// With create_graph=True: the gradients of `inputs` (the op's tensor inputs, undefined",
+             "// where the call left one out) for `grads` of the outputs of math_in_aten, which torch",
+             "// differentiates with a graph of their own, so that they can be differentiated again",
+             "// (a double backward, a gradient penalty); none for the `attributes`.",
+             "inline torch::autograd::variable_list differentiable_gradients(const std::vector<at::Tensor>& math,",
+             "                                                              const torch::autograd::variable_list& inputs,",
+             "                                                              const torch::autograd::variable_list& grads,",
+             "                                                              size_t attributes) {",
+             "  torch::autograd::variable_list outputs, output_grads, wanted;",
+             "  for (size_t k = 0; k < math.size(); ++k) {",
+             "    if (!grads[k].defined() || !math[k].defined() || !math[k].requires_grad()) continue;",
+             "    outputs.push_back(math[k]);",
+             "    const at::Tensor g = grads[k].to(at::kFloat);",
+             "    output_grads.push_back(g.numel() == math[k].numel() ? g.reshape(math[k].sizes()) : g.sum_to_size(math[k].sizes()));",
+             "  }",
+             "  std::vector<size_t> positions;",
+             "  for (size_t k = 0; k < inputs.size(); ++k) {",
+             "    if (inputs[k].defined() && inputs[k].requires_grad()) {",
+             "      wanted.push_back(inputs[k]);",
+             "      positions.push_back(k);",
+             "    }",
+             "  }",
+             "  torch::autograd::variable_list gradients(inputs.size() + attributes);",
+             "  if (outputs.empty() || wanted.empty()) return gradients;",
+             "  const auto found = torch::autograd::grad(outputs, wanted, output_grads, /*retain_graph=*/true,",
+             "                                           /*create_graph=*/true, /*allow_unused=*/true);",
+             "  for (size_t j = 0; j < positions.size(); ++j) gradients[positions[j]] = found[j];",
+             "  return gradients;",
              "}", "",
              "// For math_in_aten: a number as a 0-dim float32 tensor beside `like`; a channel op's",
              "// tensor [B, C, *spatial] as float32 rows [B, C, spatial elements]; the functions of",

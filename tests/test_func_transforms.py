@@ -1,9 +1,10 @@
 """Every op under torch.func's transforms and forward-mode differentiation, against the
 same transforms of float64 torch references: torch.func.jvp, jacfwd and
 torch.autograd.forward_ad dual tensors (tangents); torch.func.grad, vjp, jacrev, hessian
-and vmap of calls that record a graph (which run no C++ autograd Function). The outputs'
-values stay the kernels'; the ops that have no forward-mode derivative (<op>_backward,
-<op>_forward) raise naming themselves.
+and vmap of calls that record a graph (which run no C++ autograd Function); double
+backward (create_graph=True). The outputs' values stay the kernels'; the ops that have no
+forward-mode derivative (<op>_backward, <op>_forward) raise naming themselves, and so do
+the add_ ops in a double backward.
 
 Tolerances: the tangents are computed in float32 from the inputs and the tangents as
 given (16-bit ones converted exactly), then rounded to the op's dtype, so
@@ -278,3 +279,53 @@ def test_vmap_of_a_module_that_records_a_graph(device):
     w64 = module.weight.detach().double().requires_grad_()
     ((_ln(x.double(), w64, module.bias.detach().double()) * g.double()).sum()).backward()
     torch.testing.assert_close(module.weight.grad.double(), w64.grad, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------
+# Double backward: create_graph=True through the ops.
+# ---------------------------------------------------------------------------------
+
+TWICE_DIFFERENTIABLE = [case for case in CASES if not case.startswith("add_")]
+
+
+@pytest.mark.parametrize("case", TWICE_DIFFERENTIABLE)
+def test_double_backward_matches_float64_reference(case, device):
+    """The gradient of a gradient penalty |dL/dx|^2 with respect to every input."""
+    primals, weights = _inputs(case, torch.float32, device)
+
+    def penalty_gradients(call, tensors):
+        tensors = [t.clone().requires_grad_() for t in tensors]
+        outputs = _as_tuple(call(*tensors))
+        loss = sum((o * weights[0].to(o.dtype).reshape(o.shape)).sum() for o in outputs)
+        (grad_x,) = torch.autograd.grad(loss, tensors[0], create_graph=True)
+        gradients = torch.autograd.grad((grad_x * grad_x).sum(), tensors, allow_unused=True)
+        # A bias does not reach dL/dx: no gradient (None) on both sides.
+        return [torch.zeros_like(t) if g is None else g for g, t in zip(gradients, tensors)]
+
+    got = penalty_gradients(CASES[case][0], primals)
+    expected = penalty_gradients(_reference(case, torch.float32), [p.double() for p in primals])
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g.double(), e, rtol=1e-4, atol=1e-4 * max(1.0, e.abs().max().item()))
+
+
+def test_hessian_vector_product_through_autograd(device):
+    """torch.autograd.functional.hvp differentiates a gradient (create_graph=True)."""
+    (x, w, b), (v, _, _) = _inputs("layernorm_affine", torch.float32, device)
+    def loss(call):
+        return lambda a: (call(a, w.to(a.dtype), b.to(a.dtype)) ** 3).sum()
+
+    _, got = torch.autograd.functional.hvp(loss(avo_ops.layernorm), x, v)
+    _, expected = torch.autograd.functional.hvp(loss(_ln), x.double(), v.double())
+    torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("case", ["add_layernorm", "add_rmsnorm"])
+def test_double_backward_of_the_add_ops_raises_naming_the_op(case, device):
+    """Their autograd keeps the output hidden in place of x and residual, so the math cannot
+    be run again: create_graph=True must fail loudly, not give zero second derivatives."""
+    primals, _ = _inputs(case, torch.float32, device)
+    x = primals[0].requires_grad_()
+    outputs = CASES[case][0](*primals)
+    with pytest.raises(RuntimeError, match=rf"avo::{case}_backward is not differentiable: avo::{case} has first "
+                                           r"derivatives only \(no double backward"):
+        torch.autograd.grad(outputs[1].sum(), x, create_graph=True)

@@ -148,6 +148,27 @@ def test_tangents_of_both_outputs(blend, attrs, b_shape, device):
         torch.testing.assert_close(tangent.double(), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("b_shape", [None, (33,)], ids=["b-missing", "b-broadcast"])
+def test_double_backward(blend, b_shape, device):
+    """create_graph=True: the gradient of a gradient penalty, b broadcast and summed back."""
+    attrs = {"weight": -1.5, "power": 3, "mode": "diff"}
+    a = make((17, 33), torch.float32, device)
+    b = None if b_shape is None else make(b_shape, torch.float32, device)
+
+    def penalty_gradients(call, tensors):
+        tensors = [t.clone().requires_grad_() for t in tensors]
+        out, aux = call(tensors[0], tensors[1] if len(tensors) > 1 else None, **attrs)
+        (grad_a,) = torch.autograd.grad((out * aux).sum(), tensors[0], create_graph=True)
+        return torch.autograd.grad((grad_a * grad_a).sum(), tensors)
+
+    inputs = [a] if b is None else [a, b]
+    got = penalty_gradients(blend.blend, inputs)
+    expected = penalty_gradients(reference, [t.double() for t in inputs])
+    for g, e, like in zip(got, expected, inputs):
+        assert g.shape == like.shape
+        torch.testing.assert_close(g.double(), e, rtol=1e-4, atol=1e-4 * e.abs().max().item())
+
+
 def test_defaults_are_the_schema_defaults(blend):
     schema = torch.ops.avo_features.blend.default._schema
     text = str(schema)

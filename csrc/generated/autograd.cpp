@@ -5,6 +5,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/accumulate.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
@@ -72,6 +73,36 @@ inline at::Tensor with_derivatives_of(const at::Tensor& kernel, const at::Tensor
   return at::where(at::isfinite(m), kernel - zero, kernel);
 }
 
+// With create_graph=True: the gradients of `inputs` (the op's tensor inputs, undefined
+// where the call left one out) for `grads` of the outputs of math_in_aten, which torch
+// differentiates with a graph of their own, so that they can be differentiated again
+// (a double backward, a gradient penalty); none for the `attributes`.
+inline torch::autograd::variable_list differentiable_gradients(const std::vector<at::Tensor>& math,
+                                                              const torch::autograd::variable_list& inputs,
+                                                              const torch::autograd::variable_list& grads,
+                                                              size_t attributes) {
+  torch::autograd::variable_list outputs, output_grads, wanted;
+  for (size_t k = 0; k < math.size(); ++k) {
+    if (!grads[k].defined() || !math[k].defined() || !math[k].requires_grad()) continue;
+    outputs.push_back(math[k]);
+    const at::Tensor g = grads[k].to(at::kFloat);
+    output_grads.push_back(g.numel() == math[k].numel() ? g.reshape(math[k].sizes()) : g.sum_to_size(math[k].sizes()));
+  }
+  std::vector<size_t> positions;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    if (inputs[k].defined() && inputs[k].requires_grad()) {
+      wanted.push_back(inputs[k]);
+      positions.push_back(k);
+    }
+  }
+  torch::autograd::variable_list gradients(inputs.size() + attributes);
+  if (outputs.empty() || wanted.empty()) return gradients;
+  const auto found = torch::autograd::grad(outputs, wanted, output_grads, /*retain_graph=*/true,
+                                           /*create_graph=*/true, /*allow_unused=*/true);
+  for (size_t j = 0; j < positions.size(); ++j) gradients[positions[j]] = found[j];
+  return gradients;
+}
+
 // For math_in_aten: a number as a 0-dim float32 tensor beside `like`; a channel op's
 // tensor [B, C, *spatial] as float32 rows [B, C, spatial elements]; the functions of
 // numbers that the C++ library does not have.
@@ -116,6 +147,22 @@ const auto& backward_op() {
   return op;
 }
 
+// The math of avo::add_layernorm in ATen operations, in float32, for torch to differentiate
+// (see math_call).
+std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const at::Tensor& residual_arg, const std::optional<at::Tensor>& weight_arg, const std::optional<at::Tensor>& bias_arg, double eps) {
+  const at::Tensor x = x_arg.to(at::kFloat);
+  const at::Tensor residual = residual_arg.to(at::kFloat);
+  const at::Tensor weight = weight_arg ? weight_arg->to(at::kFloat) : avo::autograd::scalar_tensor(1.0, x_arg);
+  const at::Tensor bias = bias_arg ? bias_arg->to(at::kFloat) : avo::autograd::scalar_tensor(0.0, x_arg);
+  const double N = double(x.size(-1));  // the length of the rows
+  const at::Tensor hidden = avo::autograd::as_stored(x + residual, x_arg.scalar_type());
+  const at::Tensor mu = at::sum(hidden, -1, /*keepdim=*/true) / N;
+  const at::Tensor centered = hidden - mu;
+  const at::Tensor rstd = at::rsqrt(at::sum(centered * centered, -1, /*keepdim=*/true) / N + eps);
+  const at::Tensor y = centered * rstd * weight + bias;
+  return {hidden, y};
+}
+
 class Function : public torch::autograd::Function<Function> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
@@ -133,22 +180,6 @@ class Function : public torch::autograd::Function<Function> {
     return {gradients[0], gradients[0], avo::autograd::sum_to_input(gradients[1], saved[3]), avo::autograd::sum_to_input(gradients[2], saved[4]), at::Tensor()};
   }
 };
-
-// The math of avo::add_layernorm in ATen operations, in float32, for torch to differentiate
-// (see math_call).
-std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const at::Tensor& residual_arg, const std::optional<at::Tensor>& weight_arg, const std::optional<at::Tensor>& bias_arg, double eps) {
-  const at::Tensor x = x_arg.to(at::kFloat);
-  const at::Tensor residual = residual_arg.to(at::kFloat);
-  const at::Tensor weight = weight_arg ? weight_arg->to(at::kFloat) : avo::autograd::scalar_tensor(1.0, x_arg);
-  const at::Tensor bias = bias_arg ? bias_arg->to(at::kFloat) : avo::autograd::scalar_tensor(0.0, x_arg);
-  const double N = double(x.size(-1));  // the length of the rows
-  const at::Tensor hidden = avo::autograd::as_stored(x + residual, x_arg.scalar_type());
-  const at::Tensor mu = at::sum(hidden, -1, /*keepdim=*/true) / N;
-  const at::Tensor centered = hidden - mu;
-  const at::Tensor rstd = at::rsqrt(at::sum(centered * centered, -1, /*keepdim=*/true) / N + eps);
-  const at::Tensor y = centered * rstd * weight + bias;
-  return {hidden, y};
-}
 
 // The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
 // tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
@@ -218,6 +249,19 @@ const auto& backward_op() {
   return op;
 }
 
+// The math of avo::add_rmsnorm in ATen operations, in float32, for torch to differentiate
+// (see math_call).
+std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const at::Tensor& residual_arg, const std::optional<at::Tensor>& weight_arg, double eps) {
+  const at::Tensor x = x_arg.to(at::kFloat);
+  const at::Tensor residual = residual_arg.to(at::kFloat);
+  const at::Tensor weight = weight_arg ? weight_arg->to(at::kFloat) : avo::autograd::scalar_tensor(1.0, x_arg);
+  const double N = double(x.size(-1));  // the length of the rows
+  const at::Tensor hidden = avo::autograd::as_stored(x + residual, x_arg.scalar_type());
+  const at::Tensor rrms = at::rsqrt(at::sum(hidden * hidden, -1, /*keepdim=*/true) / N + eps);
+  const at::Tensor y = hidden * rrms * weight;
+  return {hidden, y};
+}
+
 class Function : public torch::autograd::Function<Function> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
@@ -235,19 +279,6 @@ class Function : public torch::autograd::Function<Function> {
     return {gradients[0], gradients[0], avo::autograd::sum_to_input(gradients[1], saved[2]), at::Tensor()};
   }
 };
-
-// The math of avo::add_rmsnorm in ATen operations, in float32, for torch to differentiate
-// (see math_call).
-std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const at::Tensor& residual_arg, const std::optional<at::Tensor>& weight_arg, double eps) {
-  const at::Tensor x = x_arg.to(at::kFloat);
-  const at::Tensor residual = residual_arg.to(at::kFloat);
-  const at::Tensor weight = weight_arg ? weight_arg->to(at::kFloat) : avo::autograd::scalar_tensor(1.0, x_arg);
-  const double N = double(x.size(-1));  // the length of the rows
-  const at::Tensor hidden = avo::autograd::as_stored(x + residual, x_arg.scalar_type());
-  const at::Tensor rrms = at::rsqrt(at::sum(hidden * hidden, -1, /*keepdim=*/true) / N + eps);
-  const at::Tensor y = hidden * rrms * weight;
-  return {hidden, y};
-}
 
 // The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
 // tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
@@ -317,25 +348,6 @@ const auto& backward_op() {
   return op;
 }
 
-class Function : public torch::autograd::Function<Function> {
- public:
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    const auto results = forward_saving_op().call(x, gamma, beta, eps, swish);
-    ctx->save_for_backward({std::get<1>(results), std::get<2>(results), x, gamma.value_or(at::Tensor()), beta.value_or(at::Tensor())});
-    ctx->saved_data["eps"] = eps;
-    ctx->saved_data["swish"] = swish;
-    return {std::get<0>(results)};
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], saved[1], saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), ctx->saved_data["eps"].toDouble(), ctx->saved_data["swish"].toBool()));
-    return {avo::autograd::sum_to_input(gradients[0], saved[2]), avo::autograd::sum_to_input(gradients[1], saved[3]), avo::autograd::sum_to_input(gradients[2], saved[4]), at::Tensor(), at::Tensor()};
-  }
-};
-
 // The math of avo::channel_norm in ATen operations, in float32, for torch to differentiate
 // (see math_call).
 std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const std::optional<at::Tensor>& gamma_arg, const std::optional<at::Tensor>& beta_arg, double eps, bool swish) {
@@ -358,6 +370,29 @@ std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const std::optiona
     return {y};
   }
 }
+
+class Function : public torch::autograd::Function<Function> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    const auto results = forward_saving_op().call(x, gamma, beta, eps, swish);
+    ctx->save_for_backward({std::get<1>(results), std::get<2>(results), x, gamma.value_or(at::Tensor()), beta.value_or(at::Tensor())});
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["swish"] = swish;
+    return {std::get<0>(results)};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
+      return avo::autograd::differentiable_gradients(math_in_aten(saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), ctx->saved_data["eps"].toDouble(), ctx->saved_data["swish"].toBool()),
+                                                     {saved[2], saved[3], saved[4]}, grads, 2);
+    }
+    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], saved[1], saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), ctx->saved_data["eps"].toDouble(), ctx->saved_data["swish"].toBool()));
+    return {avo::autograd::sum_to_input(gradients[0], saved[2]), avo::autograd::sum_to_input(gradients[1], saved[3]), avo::autograd::sum_to_input(gradients[2], saved[4]), at::Tensor(), at::Tensor()};
+  }
+};
 
 // The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
 // tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
@@ -382,14 +417,14 @@ at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x, const 
   return Function::apply(x, gamma, beta, eps, swish)[0];
 }
 
-// The backward has no derivative of its own: a call that would record a graph (a double
-// backward, create_graph=True) raises, where torch's fallback would warn and let no
-// second derivative reach the inputs.
+// The backward op has no derivative of its own (Function::backward takes the gradients
+// of a double backward from math_in_aten instead): a call that would record a graph
+// raises, where torch's fallback would warn and let no second derivative reach the inputs.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
   TORCH_CHECK(!avo::autograd::any_tangent(grad_y, mu, rstd, x, gamma, beta), "avo::channel_norm_backward has no forward-mode "
               "derivative: a tangent reached it (torch.func.jvp or torch.autograd.forward_ad)");
   TORCH_CHECK(!avo::autograd::needs_grad(grad_y, mu, rstd, x, gamma, beta), "avo::channel_norm_backward is not differentiable: "
-              "avo::channel_norm has first derivatives only (no double backward, no create_graph=True)");
+              "differentiate avo::channel_norm itself (its double backward takes the gradients from its math, not from this op)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return backward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, grad_y, mu, rstd, x, gamma, beta, eps, swish);
 }
@@ -421,23 +456,6 @@ const auto& backward_op() {
   return op;
 }
 
-class Function : public torch::autograd::Function<Function> {
- public:
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, c10::string_view approximate) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    ctx->save_for_backward({x});
-    ctx->saved_data["approximate"] = std::string(approximate);
-    return {forward_op().call(x, approximate)};
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[0], ctx->saved_data["approximate"].toStringRef())};
-    return {avo::autograd::sum_to_input(gradients[0], saved[0]), at::Tensor()};
-  }
-};
-
 // The math of avo::gelu in ATen operations, in float32, for torch to differentiate
 // (see math_call).
 std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, c10::string_view approximate) {
@@ -452,6 +470,27 @@ std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, c10::string_view a
     return {y};
   }
 }
+
+class Function : public torch::autograd::Function<Function> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, c10::string_view approximate) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    ctx->save_for_backward({x});
+    ctx->saved_data["approximate"] = std::string(approximate);
+    return {forward_op().call(x, approximate)};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
+      return avo::autograd::differentiable_gradients(math_in_aten(saved[0], ctx->saved_data["approximate"].toStringRef()),
+                                                     {saved[0]}, grads, 1);
+    }
+    const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[0], ctx->saved_data["approximate"].toStringRef())};
+    return {avo::autograd::sum_to_input(gradients[0], saved[0]), at::Tensor()};
+  }
+};
 
 // The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
 // tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
@@ -476,14 +515,14 @@ at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x, c10::s
   return Function::apply(x, approximate)[0];
 }
 
-// The backward has no derivative of its own: a call that would record a graph (a double
-// backward, create_graph=True) raises, where torch's fallback would warn and let no
-// second derivative reach the inputs.
+// The backward op has no derivative of its own (Function::backward takes the gradients
+// of a double backward from math_in_aten instead): a call that would record a graph
+// raises, where torch's fallback would warn and let no second derivative reach the inputs.
 at::Tensor backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& x, c10::string_view approximate) {
   TORCH_CHECK(!avo::autograd::any_tangent(grad_y, x), "avo::gelu_backward has no forward-mode "
               "derivative: a tangent reached it (torch.func.jvp or torch.autograd.forward_ad)");
   TORCH_CHECK(!avo::autograd::needs_grad(grad_y, x), "avo::gelu_backward is not differentiable: "
-              "avo::gelu has first derivatives only (no double backward, no create_graph=True)");
+              "differentiate avo::gelu itself (its double backward takes the gradients from its math, not from this op)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return backward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, grad_y, x, approximate);
 }
@@ -509,24 +548,6 @@ const auto& backward_op() {
   return op;
 }
 
-class Function : public torch::autograd::Function<Function> {
- public:
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    const auto results = forward_saving_op().call(x, weight, bias, eps);
-    ctx->save_for_backward({std::get<1>(results), std::get<2>(results), x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())});
-    ctx->saved_data["eps"] = eps;
-    return {std::get<0>(results)};
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], saved[1], saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), ctx->saved_data["eps"].toDouble()));
-    return {avo::autograd::sum_to_input(gradients[0], saved[2]), avo::autograd::sum_to_input(gradients[1], saved[3]), avo::autograd::sum_to_input(gradients[2], saved[4]), at::Tensor()};
-  }
-};
-
 // The math of avo::layernorm in ATen operations, in float32, for torch to differentiate
 // (see math_call).
 std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const std::optional<at::Tensor>& weight_arg, const std::optional<at::Tensor>& bias_arg, double eps) {
@@ -541,6 +562,28 @@ std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const std::optiona
   const at::Tensor y = centered * rstd * weight + bias;
   return {y};
 }
+
+class Function : public torch::autograd::Function<Function> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    const auto results = forward_saving_op().call(x, weight, bias, eps);
+    ctx->save_for_backward({std::get<1>(results), std::get<2>(results), x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())});
+    ctx->saved_data["eps"] = eps;
+    return {std::get<0>(results)};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
+      return avo::autograd::differentiable_gradients(math_in_aten(saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), ctx->saved_data["eps"].toDouble()),
+                                                     {saved[2], saved[3], saved[4]}, grads, 1);
+    }
+    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], saved[1], saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), ctx->saved_data["eps"].toDouble()));
+    return {avo::autograd::sum_to_input(gradients[0], saved[2]), avo::autograd::sum_to_input(gradients[1], saved[3]), avo::autograd::sum_to_input(gradients[2], saved[4]), at::Tensor()};
+  }
+};
 
 // The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
 // tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
@@ -565,14 +608,14 @@ at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x, const 
   return Function::apply(x, weight, bias, eps)[0];
 }
 
-// The backward has no derivative of its own: a call that would record a graph (a double
-// backward, create_graph=True) raises, where torch's fallback would warn and let no
-// second derivative reach the inputs.
+// The backward op has no derivative of its own (Function::backward takes the gradients
+// of a double backward from math_in_aten instead): a call that would record a graph
+// raises, where torch's fallback would warn and let no second derivative reach the inputs.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
   TORCH_CHECK(!avo::autograd::any_tangent(grad_y, mu, rstd, x, weight, bias), "avo::layernorm_backward has no forward-mode "
               "derivative: a tangent reached it (torch.func.jvp or torch.autograd.forward_ad)");
   TORCH_CHECK(!avo::autograd::needs_grad(grad_y, mu, rstd, x, weight, bias), "avo::layernorm_backward is not differentiable: "
-              "avo::layernorm has first derivatives only (no double backward, no create_graph=True)");
+              "differentiate avo::layernorm itself (its double backward takes the gradients from its math, not from this op)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return backward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, grad_y, mu, rstd, x, weight, bias, eps);
 }
@@ -609,6 +652,16 @@ const auto& backward_op() {
   return op;
 }
 
+// The math of avo::log_softmax in ATen operations, in float32, for torch to differentiate
+// (see math_call).
+std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg) {
+  const at::Tensor x = x_arg.to(at::kFloat);
+  const at::Tensor shifted = x - at::amax(x, -1, /*keepdim=*/true).detach();
+  const at::Tensor total = at::sum(at::exp(shifted), -1, /*keepdim=*/true);
+  const at::Tensor y = shifted - at::log(total);
+  return {y};
+}
+
 class Function : public torch::autograd::Function<Function> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
@@ -621,20 +674,14 @@ class Function : public torch::autograd::Function<Function> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
+      return avo::autograd::differentiable_gradients(math_in_aten(saved[2]),
+                                                     {saved[2]}, grads, 0);
+    }
     const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[0], saved[1], saved[2])};
     return {avo::autograd::sum_to_input(gradients[0], saved[2])};
   }
 };
-
-// The math of avo::log_softmax in ATen operations, in float32, for torch to differentiate
-// (see math_call).
-std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg) {
-  const at::Tensor x = x_arg.to(at::kFloat);
-  const at::Tensor shifted = x - at::amax(x, -1, /*keepdim=*/true).detach();
-  const at::Tensor total = at::sum(at::exp(shifted), -1, /*keepdim=*/true);
-  const at::Tensor y = shifted - at::log(total);
-  return {y};
-}
 
 // The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
 // tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
@@ -659,14 +706,14 @@ at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x) {
   return Function::apply(x)[0];
 }
 
-// The backward has no derivative of its own: a call that would record a graph (a double
-// backward, create_graph=True) raises, where torch's fallback would warn and let no
-// second derivative reach the inputs.
+// The backward op has no derivative of its own (Function::backward takes the gradients
+// of a double backward from math_in_aten instead): a call that would record a graph
+// raises, where torch's fallback would warn and let no second derivative reach the inputs.
 at::Tensor backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& saved_0, const at::Tensor& total, const at::Tensor& x) {
   TORCH_CHECK(!avo::autograd::any_tangent(grad_y, saved_0, total, x), "avo::log_softmax_backward has no forward-mode "
               "derivative: a tangent reached it (torch.func.jvp or torch.autograd.forward_ad)");
   TORCH_CHECK(!avo::autograd::needs_grad(grad_y, saved_0, total, x), "avo::log_softmax_backward is not differentiable: "
-              "avo::log_softmax has first derivatives only (no double backward, no create_graph=True)");
+              "differentiate avo::log_softmax itself (its double backward takes the gradients from its math, not from this op)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return backward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, grad_y, saved_0, total, x);
 }
@@ -703,6 +750,17 @@ const auto& backward_op() {
   return op;
 }
 
+// The math of avo::rmsnorm in ATen operations, in float32, for torch to differentiate
+// (see math_call).
+std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const std::optional<at::Tensor>& weight_arg, double eps) {
+  const at::Tensor x = x_arg.to(at::kFloat);
+  const at::Tensor weight = weight_arg ? weight_arg->to(at::kFloat) : avo::autograd::scalar_tensor(1.0, x_arg);
+  const double N = double(x.size(-1));  // the length of the rows
+  const at::Tensor rrms = at::rsqrt(at::sum(x * x, -1, /*keepdim=*/true) / N + eps);
+  const at::Tensor y = x * rrms * weight;
+  return {y};
+}
+
 class Function : public torch::autograd::Function<Function> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
@@ -716,21 +774,14 @@ class Function : public torch::autograd::Function<Function> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
+      return avo::autograd::differentiable_gradients(math_in_aten(saved[1], avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble()),
+                                                     {saved[1], saved[2]}, grads, 1);
+    }
     const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], saved[1], avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble()));
     return {avo::autograd::sum_to_input(gradients[0], saved[1]), avo::autograd::sum_to_input(gradients[1], saved[2]), at::Tensor()};
   }
 };
-
-// The math of avo::rmsnorm in ATen operations, in float32, for torch to differentiate
-// (see math_call).
-std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const std::optional<at::Tensor>& weight_arg, double eps) {
-  const at::Tensor x = x_arg.to(at::kFloat);
-  const at::Tensor weight = weight_arg ? weight_arg->to(at::kFloat) : avo::autograd::scalar_tensor(1.0, x_arg);
-  const double N = double(x.size(-1));  // the length of the rows
-  const at::Tensor rrms = at::rsqrt(at::sum(x * x, -1, /*keepdim=*/true) / N + eps);
-  const at::Tensor y = x * rrms * weight;
-  return {y};
-}
 
 // The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
 // tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
@@ -755,14 +806,14 @@ at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x, const 
   return Function::apply(x, weight, eps)[0];
 }
 
-// The backward has no derivative of its own: a call that would record a graph (a double
-// backward, create_graph=True) raises, where torch's fallback would warn and let no
-// second derivative reach the inputs.
+// The backward op has no derivative of its own (Function::backward takes the gradients
+// of a double backward from math_in_aten instead): a call that would record a graph
+// raises, where torch's fallback would warn and let no second derivative reach the inputs.
 std::tuple<at::Tensor, at::Tensor> backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& rrms, const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
   TORCH_CHECK(!avo::autograd::any_tangent(grad_y, rrms, x, weight), "avo::rmsnorm_backward has no forward-mode "
               "derivative: a tangent reached it (torch.func.jvp or torch.autograd.forward_ad)");
   TORCH_CHECK(!avo::autograd::needs_grad(grad_y, rrms, x, weight), "avo::rmsnorm_backward is not differentiable: "
-              "avo::rmsnorm has first derivatives only (no double backward, no create_graph=True)");
+              "differentiate avo::rmsnorm itself (its double backward takes the gradients from its math, not from this op)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return backward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, grad_y, rrms, x, weight, eps);
 }
@@ -794,6 +845,14 @@ const auto& backward_op() {
   return op;
 }
 
+// The math of avo::silu in ATen operations, in float32, for torch to differentiate
+// (see math_call).
+std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg) {
+  const at::Tensor x = x_arg.to(at::kFloat);
+  const at::Tensor y = x * at::sigmoid(x);
+  return {y};
+}
+
 class Function : public torch::autograd::Function<Function> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
@@ -805,18 +864,14 @@ class Function : public torch::autograd::Function<Function> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
+      return avo::autograd::differentiable_gradients(math_in_aten(saved[0]),
+                                                     {saved[0]}, grads, 0);
+    }
     const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[0])};
     return {avo::autograd::sum_to_input(gradients[0], saved[0])};
   }
 };
-
-// The math of avo::silu in ATen operations, in float32, for torch to differentiate
-// (see math_call).
-std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg) {
-  const at::Tensor x = x_arg.to(at::kFloat);
-  const at::Tensor y = x * at::sigmoid(x);
-  return {y};
-}
 
 // The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
 // tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
@@ -841,14 +896,14 @@ at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x) {
   return Function::apply(x)[0];
 }
 
-// The backward has no derivative of its own: a call that would record a graph (a double
-// backward, create_graph=True) raises, where torch's fallback would warn and let no
-// second derivative reach the inputs.
+// The backward op has no derivative of its own (Function::backward takes the gradients
+// of a double backward from math_in_aten instead): a call that would record a graph
+// raises, where torch's fallback would warn and let no second derivative reach the inputs.
 at::Tensor backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& x) {
   TORCH_CHECK(!avo::autograd::any_tangent(grad_y, x), "avo::silu_backward has no forward-mode "
               "derivative: a tangent reached it (torch.func.jvp or torch.autograd.forward_ad)");
   TORCH_CHECK(!avo::autograd::needs_grad(grad_y, x), "avo::silu_backward is not differentiable: "
-              "avo::silu has first derivatives only (no double backward, no create_graph=True)");
+              "differentiate avo::silu itself (its double backward takes the gradients from its math, not from this op)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return backward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, grad_y, x);
 }
@@ -874,6 +929,17 @@ const auto& backward_op() {
   return op;
 }
 
+// The math of avo::softmax in ATen operations, in float32, for torch to differentiate
+// (see math_call).
+std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg) {
+  const at::Tensor x = x_arg.to(at::kFloat);
+  const at::Tensor row_max = at::amax(x, -1, /*keepdim=*/true).detach();
+  const at::Tensor e = at::exp(x - row_max);
+  const at::Tensor total = at::sum(e, -1, /*keepdim=*/true);
+  const at::Tensor y = e / total;
+  return {y};
+}
+
 class Function : public torch::autograd::Function<Function> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
@@ -886,21 +952,14 @@ class Function : public torch::autograd::Function<Function> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
+      return avo::autograd::differentiable_gradients(math_in_aten(saved[2]),
+                                                     {saved[2]}, grads, 0);
+    }
     const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[0], saved[1], saved[2])};
     return {avo::autograd::sum_to_input(gradients[0], saved[2])};
   }
 };
-
-// The math of avo::softmax in ATen operations, in float32, for torch to differentiate
-// (see math_call).
-std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg) {
-  const at::Tensor x = x_arg.to(at::kFloat);
-  const at::Tensor row_max = at::amax(x, -1, /*keepdim=*/true).detach();
-  const at::Tensor e = at::exp(x - row_max);
-  const at::Tensor total = at::sum(e, -1, /*keepdim=*/true);
-  const at::Tensor y = e / total;
-  return {y};
-}
 
 // The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
 // tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
@@ -925,14 +984,14 @@ at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x) {
   return Function::apply(x)[0];
 }
 
-// The backward has no derivative of its own: a call that would record a graph (a double
-// backward, create_graph=True) raises, where torch's fallback would warn and let no
-// second derivative reach the inputs.
+// The backward op has no derivative of its own (Function::backward takes the gradients
+// of a double backward from math_in_aten instead): a call that would record a graph
+// raises, where torch's fallback would warn and let no second derivative reach the inputs.
 at::Tensor backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& row_max, const at::Tensor& total, const at::Tensor& x) {
   TORCH_CHECK(!avo::autograd::any_tangent(grad_y, row_max, total, x), "avo::softmax_backward has no forward-mode "
               "derivative: a tangent reached it (torch.func.jvp or torch.autograd.forward_ad)");
   TORCH_CHECK(!avo::autograd::needs_grad(grad_y, row_max, total, x), "avo::softmax_backward is not differentiable: "
-              "avo::softmax has first derivatives only (no double backward, no create_graph=True)");
+              "differentiate avo::softmax itself (its double backward takes the gradients from its math, not from this op)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return backward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, grad_y, row_max, total, x);
 }
@@ -969,24 +1028,6 @@ const auto& backward_op() {
   return op;
 }
 
-class Function : public torch::autograd::Function<Function> {
- public:
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    const auto results = forward_saving_op().call(x, weight, bias, eps);
-    ctx->save_for_backward({std::get<1>(results), std::get<2>(results), x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())});
-    ctx->saved_data["eps"] = eps;
-    return {std::get<0>(results)};
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], saved[1], saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), ctx->saved_data["eps"].toDouble()));
-    return {avo::autograd::sum_to_input(gradients[0], saved[2]), avo::autograd::sum_to_input(gradients[1], saved[3]), avo::autograd::sum_to_input(gradients[2], saved[4]), at::Tensor()};
-  }
-};
-
 // The math of avo::swish_layernorm in ATen operations, in float32, for torch to differentiate
 // (see math_call).
 std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const std::optional<at::Tensor>& weight_arg, const std::optional<at::Tensor>& bias_arg, double eps) {
@@ -1001,6 +1042,28 @@ std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const std::optiona
   const at::Tensor y = centered * rstd * weight + bias;
   return {y};
 }
+
+class Function : public torch::autograd::Function<Function> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    const auto results = forward_saving_op().call(x, weight, bias, eps);
+    ctx->save_for_backward({std::get<1>(results), std::get<2>(results), x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())});
+    ctx->saved_data["eps"] = eps;
+    return {std::get<0>(results)};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
+      return avo::autograd::differentiable_gradients(math_in_aten(saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), ctx->saved_data["eps"].toDouble()),
+                                                     {saved[2], saved[3], saved[4]}, grads, 1);
+    }
+    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], saved[1], saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), ctx->saved_data["eps"].toDouble()));
+    return {avo::autograd::sum_to_input(gradients[0], saved[2]), avo::autograd::sum_to_input(gradients[1], saved[3]), avo::autograd::sum_to_input(gradients[2], saved[4]), at::Tensor()};
+  }
+};
 
 // The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
 // tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
@@ -1025,14 +1088,14 @@ at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x, const 
   return Function::apply(x, weight, bias, eps)[0];
 }
 
-// The backward has no derivative of its own: a call that would record a graph (a double
-// backward, create_graph=True) raises, where torch's fallback would warn and let no
-// second derivative reach the inputs.
+// The backward op has no derivative of its own (Function::backward takes the gradients
+// of a double backward from math_in_aten instead): a call that would record a graph
+// raises, where torch's fallback would warn and let no second derivative reach the inputs.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
   TORCH_CHECK(!avo::autograd::any_tangent(grad_y, mu, rstd, x, weight, bias), "avo::swish_layernorm_backward has no forward-mode "
               "derivative: a tangent reached it (torch.func.jvp or torch.autograd.forward_ad)");
   TORCH_CHECK(!avo::autograd::needs_grad(grad_y, mu, rstd, x, weight, bias), "avo::swish_layernorm_backward is not differentiable: "
-              "avo::swish_layernorm has first derivatives only (no double backward, no create_graph=True)");
+              "differentiate avo::swish_layernorm itself (its double backward takes the gradients from its math, not from this op)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return backward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, grad_y, mu, rstd, x, weight, bias, eps);
 }
