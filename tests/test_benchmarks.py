@@ -23,6 +23,7 @@ import bench_host_overhead  # noqa: E402
 import merge_runs  # noqa: E402
 import bench_ops  # noqa: E402
 import bench_report  # noqa: E402
+import bench_transforms  # noqa: E402
 import compare_runs  # noqa: E402
 import liger_baselines  # noqa: E402
 
@@ -399,6 +400,18 @@ def test_cpu_benchmark_times_each_copy_of_the_cpu_kernels(tmp_path):
     assert [r["copy"] for r in data["rows"]] == _C.cpu_copies() == data["cpu_copies"]
     assert all(r["avo_ms"] > 0 for r in data["rows"])
     assert _C.cpu_copy() == _C.cpu_copies()[0]  # back to the best one
+
+
+def test_transforms_benchmark_times_every_mode_but_the_add_ops_double_backward(tmp_path, capsys):
+    md = tmp_path / "transforms.md"
+    assert bench_transforms.main(["--device", "cpu", "--ops", "layernorm,add_rmsnorm", "--rows", "8",
+                                  "--row-length", "64", "--reps", "3", "--markdown", str(md)]) == 0
+    table = md.read_text()
+    assert [m for m in bench_transforms.MODES if f"| layernorm | {m} |" in table] == list(bench_transforms.MODES)
+    assert "| add_rmsnorm | jvp |" in table and "| add_rmsnorm | double |" not in table
+    with pytest.raises(SystemExit):
+        bench_transforms.main(["--device", "cpu", "--modes", "hvp"])
+    assert "known modes" in capsys.readouterr().err
 
 
 def test_cpu_benchmark_names_a_copy_the_machine_does_not_run(capsys):
