@@ -1,5 +1,6 @@
 """Helpers the generated Python glue shares: fake (meta) implementations that check
-arguments like the C++ binding does, and gradient reduction for broadcast inputs.
+arguments like the C++ binding does, vmap rules, and gradient reduction for broadcast
+inputs.
 
 Nothing here computes an op's math; that lives in the kernels only.
 """
@@ -120,3 +121,45 @@ def reduce_grad(grad: torch.Tensor, like: torch.Tensor | None) -> torch.Tensor |
     if grad.shape != like.shape:
         grad = grad.sum_to_size(like.shape)
     return grad
+
+
+def batched_call(op, info, in_dims: Sequence[int | None], inputs: Mapping[str, tuple[torch.Tensor | None, str]],
+                 attrs: Sequence, layout: str):
+    """The vmap rule of an op (torch.library.register_vmap): one call of `op` on the whole
+    batch, as a leading dimension of its per-element (and per-row) tensors, instead of
+    torch's fallback of one call per sample. `layout` is "map" (elementwise, broadcasting),
+    "row" (rows over the last dimension: the batch is more rows) or "channel" ([B, C, *S]:
+    the batch joins B). A batched parameter (a weight [N] or [C], one for every row of a
+    call) has no such call: then one call per sample."""
+    tensors = [t for t, _ in inputs.values()]
+    domains = [domain for _, domain in inputs.values()]
+    dims = tuple(in_dims) + (None,) * (len(tensors) - len(in_dims))  # the defaults the call left out
+    size = info.batch_size
+    if any(d is not None and domain in ("col", "chan") for d, domain in zip(dims, domains)):
+        samples = [op(*(t if d is None else t.select(d, k) for t, d in zip(tensors, dims)), *attrs) for k in range(size)]
+        if isinstance(samples[0], tuple):
+            return tuple(torch.stack(o) for o in zip(*samples)), (0,) * len(samples[0])
+        return torch.stack(samples), 0
+    args = []
+    if layout == "map":  # batched tensors [size, 1..., shape]: right-aligned against every other
+        rank = max(t.dim() - (d is not None) for t, d in zip(tensors, dims) if t is not None)
+        for t, d in zip(tensors, dims):
+            if t is not None and d is not None:
+                t = t.movedim(d, 0)
+                t = t.reshape((size,) + (1,) * (rank + 1 - t.dim()) + tuple(t.shape[1:]))
+            args.append(t)
+        result = op(*args, *attrs)
+        return result, ((0,) * len(result) if isinstance(result, tuple) else 0)
+    for t, d, domain in zip(tensors, dims, domains):
+        if t is not None and domain in ("elem", "row"):  # per element or per row: the batch leads
+            t = t.movedim(d, 0) if d is not None else t.expand((size,) + tuple(t.shape))
+        args.append(t)
+    sample_shape = next(a.shape[1:] for a, domain in zip(args, domains) if a is not None and domain == "elem")
+    if layout == "channel":  # [size, B, C, *S] as [size * B, C, *S]
+        args = [a.reshape((-1,) + tuple(a.shape[2:])) if a is not None and domain == "elem" else a
+                for a, domain in zip(args, domains)]
+    result = op(*args, *attrs)
+    outputs = result if isinstance(result, tuple) else (result,)
+    if layout == "channel":
+        outputs = tuple(o.reshape((size,) + tuple(sample_shape)) for o in outputs)
+    return (outputs, (0,) * len(outputs)) if isinstance(result, tuple) else (outputs[0], 0)

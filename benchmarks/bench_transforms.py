@@ -13,13 +13,15 @@ of bench_cases.py (the torch calls: F.gelu, F.layer_norm, torch.softmax, ...), i
     double    torch.autograd.grad of sum(y * g) with create_graph=True, then backward of
               the squared gradient (a gradient penalty); not for the add_ ops, whose
               double backward raises
+    vmap      torch.func.vmap over the per-element inputs as 8 samples of rows / 8 rows
+              (channel_norm: of B / 8 batches), the parameters unbatched
 
 Each is the median wall time of --reps calls, the device synchronized before and after
 each (so GPU time is included), avo and torch alternating in blocks of ten.
 
 Usage:
     python benchmarks/bench_transforms.py [--device cpu|cuda] [--ops layernorm,gelu]
-        [--modes fwd,jvp,vjp,double] [--dtype fp32|bf16|fp16] [--rows 4096] [--row-length 1024]
+        [--modes fwd,jvp,vjp,double,vmap] [--dtype fp32|bf16|fp16] [--rows 4096] [--row-length 1024]
         [--reps 30] [--threads N] [--markdown PATH]
 """
 from __future__ import annotations
@@ -38,7 +40,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_cases  # noqa: E402  (the ops' calls and inputs)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-MODES = ("fwd", "jvp", "vjp", "double")
+MODES = ("fwd", "jvp", "vjp", "double", "vmap")
+SAMPLES = 8
 BLOCK = 10
 
 
@@ -51,6 +54,11 @@ def mode_call(mode: str, fn, inputs: tuple[torch.Tensor, ...]):
     cotangents are made once, outside the timing."""
     if mode == "fwd":
         return lambda: fn(*inputs)
+    if mode == "vmap":  # the tensors shaped like the first are per element; the others are parameters
+        dims = tuple(0 if t.shape == inputs[0].shape else None for t in inputs)
+        batched = tuple(t.reshape((SAMPLES, -1) + tuple(t.shape[1:])) if d == 0 else t for t, d in zip(inputs, dims))
+        vmapped = torch.func.vmap(fn, in_dims=dims)
+        return lambda: vmapped(*batched)
     if mode == "jvp":
         tangents = tuple(torch.randn_like(t) for t in inputs)
         return lambda: torch.func.jvp(fn, inputs, tangents)

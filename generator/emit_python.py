@@ -1,5 +1,5 @@
 """Emit the Python glue of one op (`avo_ops/_generated/<op>.py`): fake (meta)
-implementations, the autograd.Function class and the functional API (the autograd
+implementations, the op's vmap rule, the autograd.Function class and the functional API (the autograd
 kernel of the op itself is C++: emit_autograd.py); plus the package index `avo_ops/_generated/__init__.py`."""
 from __future__ import annotations
 
@@ -54,6 +54,21 @@ def _fake(kernel: MapKernel, saving: bool = False, owners=()) -> list[str]:
     return lines
 
 
+def _vmap_rule(s: OpSchedule) -> list[str]:
+    """The op's vmap rule: one call on the whole batch (_runtime.batched_call)."""
+    fwd = s.forward
+    op = f"{fwd.namespace}::{fwd.registered_name}"
+    domains = {i.name: i.domain for i in fwd.inputs} if isinstance(fwd, RowKernel) else {}
+    named = ", ".join(f'"{i.name}": ({i.name}, "{domains.get(i.name, "elem")}")' for i in fwd.inputs)
+    layout = "map" if s.pattern == "map" else ("channel" if channels_first(fwd) else "row")
+    names = [a.name for a in fwd.op.attrs]
+    attrs = ", ".join(names) + ("," if len(names) == 1 else "")
+    return [f'@torch.library.register_vmap("{op}")',
+            f"def _{fwd.registered_name}_vmap(info, in_dims, {_params(fwd, False)}):",
+            f"    return _runtime.batched_call(torch.ops.{fwd.namespace}.{fwd.registered_name}.default, info, in_dims, "
+            f'{{{named}}}, ({attrs}), "{layout}")', "", ""]
+
+
 def emit_python(s: OpSchedule) -> str:
     spec, fwd, bwd = s.spec, s.forward, s.backward
     ns = s.namespace
@@ -68,6 +83,7 @@ def emit_python(s: OpSchedule) -> str:
              f'__all__ = ["{name}", "{cls}"]', "", ""]
     owners = s.gradient_owners
     lines += [line for kernel, saving in s.registrations for line in _fake(kernel, saving, owners)]
+    lines += _vmap_rule(s)
 
     all_inputs = ", ".join(tensor_names + attr_names)
     saved = list(s.saved)

@@ -2,7 +2,7 @@
 same transforms of float64 torch references: torch.func.jvp, jacfwd and
 torch.autograd.forward_ad dual tensors (tangents); torch.func.grad, vjp, jacrev, hessian
 and vmap of calls that record a graph (which run no C++ autograd Function); double
-backward (create_graph=True). The outputs' values stay the kernels'; the ops that have no
+backward (create_graph=True); the ops' vmap rules (one call for the whole batch). The outputs' values stay the kernels'; the ops that have no
 forward-mode derivative (<op>_backward, <op>_forward) raise naming themselves, and so do
 the add_ ops in a double backward.
 
@@ -14,6 +14,7 @@ Runs on the CPU always and on CUDA when a device is present."""
 from __future__ import annotations
 
 import functools
+import warnings
 
 import pytest
 import torch
@@ -329,3 +330,57 @@ def test_double_backward_of_the_add_ops_raises_naming_the_op(case, device):
     with pytest.raises(RuntimeError, match=rf"avo::{case}_backward is not differentiable: avo::{case} has first "
                                            r"derivatives only \(no double backward"):
         torch.autograd.grad(outputs[1].sum(), x, create_graph=True)
+
+
+# ---------------------------------------------------------------------------------
+# vmap: one call of the op for the whole batch (its rule), the same as a call per sample.
+# ---------------------------------------------------------------------------------
+
+
+def _per_sample(call, tensors, dims, size):
+    outputs = [call(*(t if d is None else t.select(d, k) for t, d in zip(tensors, dims))) for k in range(size)]
+    if isinstance(outputs[0], tuple):
+        return tuple(torch.stack(o) for o in zip(*outputs))
+    return torch.stack(outputs)
+
+
+def _batched(tensors, dims, size, seed=3):
+    """Each tensor with a batch of `size` inserted at its dim (None: left unbatched)."""
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for t, d in zip(tensors, dims):
+        if d is None:
+            out.append(t)
+            continue
+        batch = torch.randn((size,) + tuple(t.shape), generator=generator, dtype=torch.float64)
+        out.append(batch.to(dtype=t.dtype, device=t.device).movedim(0, d))
+    return out
+
+
+def _assert_one_call_for_the_batch(call, tensors, dims, size):
+    with warnings.catch_warnings():
+        # torch's fallback (a call per sample) warns of its cost: the rule must not take it.
+        warnings.filterwarnings("error", message=".*performance drop.*")
+        got = torch.func.vmap(call, in_dims=tuple(dims))(*tensors)
+    expected = _per_sample(call, tensors, dims, size)
+    for g, e in zip(_as_tuple(got), _as_tuple(expected)):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_vmap_is_one_call_for_the_batch(case, device, dtype):
+    """The per-element input batched along its second dimension, the rest unbatched: the
+    values of a call per sample, bit for bit, without torch's fallback."""
+    primals, _ = _inputs(case, dtype, device)
+    dims = [1 if k == 0 else None for k in range(len(primals))]
+    _assert_one_call_for_the_batch(CASES[case][0], _batched(primals, dims, 4), dims, 4)
+
+
+@pytest.mark.parametrize("case,dims", [("add_layernorm", [None, 0, None, None]), ("add_rmsnorm", [2, 1, None]),
+                                       ("layernorm_affine", [0, 0, None]), ("channel_norm", [3, None, 0]),
+                                       ("rmsnorm", [None, 0])])
+def test_vmap_of_other_batched_inputs(case, dims, device):
+    """An unbatched x beside a batched residual, batch dimensions in other places, and a
+    batched weight (a call per sample: the kernels take one weight for all rows)."""
+    primals, _ = _inputs(case, torch.float32, device)
+    _assert_one_call_for_the_batch(CASES[case][0], _batched(primals, dims, 3), dims, 3)

@@ -169,6 +169,27 @@ def test_double_backward(blend, b_shape, device):
         torch.testing.assert_close(g.double(), e, rtol=1e-4, atol=1e-4 * e.abs().max().item())
 
 
+@pytest.mark.parametrize("a_dim,b_dim,b_shape", [(0, None, (33,)), (None, 1, (33,)), (1, 0, (17, 33)), (0, None, None)],
+                         ids=["a-batched", "b-batched", "both", "b-missing"])
+def test_vmap_is_one_call_for_the_batch(blend, a_dim, b_dim, b_shape, device):
+    """The map rule lines the batch up against broadcast inputs of other ranks: the values
+    of a call per sample, bit for bit."""
+    a = make((17, 33), torch.float32, device)
+    b = None if b_shape is None else make(b_shape, torch.float32, device)
+    a = a if a_dim is None else torch.stack([a, a * 2, -a]).movedim(0, a_dim)
+    if b_dim is not None:
+        b = torch.stack([b, b + 1, b * 0.5]).movedim(0, b_dim)
+
+    def call(x, y):
+        return torch.ops.avo_features.blend(x, y, weight=0.75, mode="diff")
+
+    got = torch.func.vmap(call, in_dims=(a_dim, b_dim))(a, b)
+    samples = [call(a if a_dim is None else a.select(a_dim, k), b if b_dim is None else b.select(b_dim, k))
+               for k in range(3)]
+    for g, e in zip(got, zip(*samples)):
+        torch.testing.assert_close(g, torch.stack(e), rtol=0, atol=0)
+
+
 def test_defaults_are_the_schema_defaults(blend):
     schema = torch.ops.avo_features.blend.default._schema
     text = str(schema)

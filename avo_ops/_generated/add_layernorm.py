@@ -25,6 +25,11 @@ def _add_layernorm_backward_fake(grad_hidden, grad_y, mu, rstd, hidden, weight=N
     return _runtime.row_fake("avo::add_layernorm_backward", {"grad_hidden": (grad_hidden, "elem"), "grad_y": (grad_y, "elem"), "mu": (mu, "saved"), "rstd": (rstd, "saved"), "hidden": (hidden, "elem"), "weight": (weight, "col"), "bias": (bias, "col")}, [("elem", True), ("col", weight is not None), ("col", bias is not None)])
 
 
+@torch.library.register_vmap("avo::add_layernorm")
+def _add_layernorm_vmap(info, in_dims, x, residual, weight=None, bias=None, eps=1e-05):
+    return _runtime.batched_call(torch.ops.avo.add_layernorm.default, info, in_dims, {"x": (x, "elem"), "residual": (residual, "elem"), "weight": (weight, "col"), "bias": (bias, "col")}, (eps,), "row")
+
+
 def _backward(ctx, grad_hidden, grad_y):
     mu, rstd, hidden, weight, bias = ctx.saved_tensors
     grad_x, grad_weight, grad_bias = torch.ops.avo.add_layernorm_backward(grad_hidden, grad_y, mu, rstd, hidden, weight, bias, ctx.eps)

@@ -25,6 +25,11 @@ def _add_rmsnorm_backward_fake(grad_hidden, grad_y, rrms, hidden, weight=None, e
     return _runtime.row_fake("avo::add_rmsnorm_backward", {"grad_hidden": (grad_hidden, "elem"), "grad_y": (grad_y, "elem"), "rrms": (rrms, "saved"), "hidden": (hidden, "elem"), "weight": (weight, "col")}, [("elem", True), ("col", weight is not None)])
 
 
+@torch.library.register_vmap("avo::add_rmsnorm")
+def _add_rmsnorm_vmap(info, in_dims, x, residual, weight=None, eps=1e-06):
+    return _runtime.batched_call(torch.ops.avo.add_rmsnorm.default, info, in_dims, {"x": (x, "elem"), "residual": (residual, "elem"), "weight": (weight, "col")}, (eps,), "row")
+
+
 def _backward(ctx, grad_hidden, grad_y):
     rrms, hidden, weight = ctx.saved_tensors
     grad_x, grad_weight = torch.ops.avo.add_rmsnorm_backward(grad_hidden, grad_y, rrms, hidden, weight, ctx.eps)

@@ -25,6 +25,11 @@ def _channel_norm_backward_fake(grad_y, mu, rstd, x, gamma=None, beta=None, eps=
     return _runtime.row_fake("avo::channel_norm_backward", {"grad_y": (grad_y, "elem"), "mu": (mu, "saved"), "rstd": (rstd, "saved"), "x": (x, "elem"), "gamma": (gamma, "chan"), "beta": (beta, "chan")}, [("elem", True), ("chan", gamma is not None), ("chan", beta is not None)], channels_first=True)
 
 
+@torch.library.register_vmap("avo::channel_norm")
+def _channel_norm_vmap(info, in_dims, x, gamma=None, beta=None, eps=1e-05, swish=False):
+    return _runtime.batched_call(torch.ops.avo.channel_norm.default, info, in_dims, {"x": (x, "elem"), "gamma": (gamma, "chan"), "beta": (beta, "chan")}, (eps, swish), "channel")
+
+
 def _backward(ctx, grad_y):
     mu, rstd, x, gamma, beta = ctx.saved_tensors
     grad_x, grad_gamma, grad_beta = torch.ops.avo.channel_norm_backward(grad_y, mu, rstd, x, gamma, beta, ctx.eps, ctx.swish)

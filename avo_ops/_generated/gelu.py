@@ -22,6 +22,11 @@ def _gelu_backward_fake(grad_y, x, approximate='none'):
     return _runtime.map_fake("avo::gelu_backward", {"grad_y": grad_y, "x": x}, 1)
 
 
+@torch.library.register_vmap("avo::gelu")
+def _gelu_vmap(info, in_dims, x, approximate='none'):
+    return _runtime.batched_call(torch.ops.avo.gelu.default, info, in_dims, {"x": (x, "elem")}, (approximate,), "map")
+
+
 def _backward(ctx, grad_y):
     x, = ctx.saved_tensors
     grad_x = torch.ops.avo.gelu_backward(grad_y, x, ctx.approximate)

@@ -25,6 +25,11 @@ def _log_softmax_backward_fake(grad_y, saved_0, total, x):
     return _runtime.row_fake("avo::log_softmax_backward", {"grad_y": (grad_y, "elem"), "saved_0": (saved_0, "saved"), "total": (total, "saved"), "x": (x, "elem")}, [("elem", True)])
 
 
+@torch.library.register_vmap("avo::log_softmax")
+def _log_softmax_vmap(info, in_dims, x):
+    return _runtime.batched_call(torch.ops.avo.log_softmax.default, info, in_dims, {"x": (x, "elem")}, (), "row")
+
+
 def _backward(ctx, grad_y):
     saved_0, total, x = ctx.saved_tensors
     grad_x = torch.ops.avo.log_softmax_backward(grad_y, saved_0, total, x)

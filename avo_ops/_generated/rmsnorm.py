@@ -25,6 +25,11 @@ def _rmsnorm_backward_fake(grad_y, rrms, x, weight=None, eps=1e-06):
     return _runtime.row_fake("avo::rmsnorm_backward", {"grad_y": (grad_y, "elem"), "rrms": (rrms, "saved"), "x": (x, "elem"), "weight": (weight, "col")}, [("elem", True), ("col", weight is not None)])
 
 
+@torch.library.register_vmap("avo::rmsnorm")
+def _rmsnorm_vmap(info, in_dims, x, weight=None, eps=1e-06):
+    return _runtime.batched_call(torch.ops.avo.rmsnorm.default, info, in_dims, {"x": (x, "elem"), "weight": (weight, "col")}, (eps,), "row")
+
+
 def _backward(ctx, grad_y):
     rrms, x, weight = ctx.saved_tensors
     grad_x, grad_weight = torch.ops.avo.rmsnorm_backward(grad_y, rrms, x, weight, ctx.eps)

@@ -20,6 +20,11 @@ def _silu_backward_fake(grad_y, x):
     return _runtime.map_fake("avo::silu_backward", {"grad_y": grad_y, "x": x}, 1)
 
 
+@torch.library.register_vmap("avo::silu")
+def _silu_vmap(info, in_dims, x):
+    return _runtime.batched_call(torch.ops.avo.silu.default, info, in_dims, {"x": (x, "elem")}, (), "map")
+
+
 def _backward(ctx, grad_y):
     x, = ctx.saved_tensors
     grad_x = torch.ops.avo.silu_backward(grad_y, x)

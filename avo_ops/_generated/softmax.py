@@ -25,6 +25,11 @@ def _softmax_backward_fake(grad_y, row_max, total, x):
     return _runtime.row_fake("avo::softmax_backward", {"grad_y": (grad_y, "elem"), "row_max": (row_max, "saved"), "total": (total, "saved"), "x": (x, "elem")}, [("elem", True)])
 
 
+@torch.library.register_vmap("avo::softmax")
+def _softmax_vmap(info, in_dims, x):
+    return _runtime.batched_call(torch.ops.avo.softmax.default, info, in_dims, {"x": (x, "elem")}, (), "row")
+
+
 def _backward(ctx, grad_y):
     row_max, total, x = ctx.saved_tensors
     grad_x = torch.ops.avo.softmax_backward(grad_y, row_max, total, x)

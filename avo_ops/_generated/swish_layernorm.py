@@ -25,6 +25,11 @@ def _swish_layernorm_backward_fake(grad_y, mu, rstd, x, weight=None, bias=None, 
     return _runtime.row_fake("avo::swish_layernorm_backward", {"grad_y": (grad_y, "elem"), "mu": (mu, "saved"), "rstd": (rstd, "saved"), "x": (x, "elem"), "weight": (weight, "col"), "bias": (bias, "col")}, [("elem", True), ("col", weight is not None), ("col", bias is not None)])
 
 
+@torch.library.register_vmap("avo::swish_layernorm")
+def _swish_layernorm_vmap(info, in_dims, x, weight=None, bias=None, eps=1e-05):
+    return _runtime.batched_call(torch.ops.avo.swish_layernorm.default, info, in_dims, {"x": (x, "elem"), "weight": (weight, "col"), "bias": (bias, "col")}, (eps,), "row")
+
+
 def _backward(ctx, grad_y):
     mu, rstd, x, weight, bias = ctx.saved_tensors
     grad_x, grad_weight, grad_bias = torch.ops.avo.swish_layernorm_backward(grad_y, mu, rstd, x, weight, bias, ctx.eps)
