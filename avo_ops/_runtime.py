@@ -135,14 +135,18 @@ def batched_call(op, info, in_dims: Sequence[int | None], inputs: Mapping[str, t
     domains = [domain for _, domain in inputs.values()]
     dims = tuple(in_dims) + (None,) * (len(tensors) - len(in_dims))  # the defaults the call left out
     size = info.batch_size
-    if any(d is not None and domain in ("col", "chan") for d, domain in zip(dims, domains)):
+    # A sample too small for the op (a row op's 0-dim x) must fail as the op does on it, not
+    # read the batch as its rows: one call per sample raises the op's own error.
+    rank = max(t.dim() - (d is not None) for t, d, domain in zip(tensors, dims, domains)
+               if t is not None and domain == "elem")
+    too_small = layout != "map" and rank < (2 if layout == "channel" else 1)
+    if too_small or any(d is not None and domain in ("col", "chan") for d, domain in zip(dims, domains)):
         samples = [op(*(t if d is None else t.select(d, k) for t, d in zip(tensors, dims)), *attrs) for k in range(size)]
         if isinstance(samples[0], tuple):
             return tuple(torch.stack(o) for o in zip(*samples)), (0,) * len(samples[0])
         return torch.stack(samples), 0
     args = []
     if layout == "map":  # batched tensors [size, 1..., shape]: right-aligned against every other
-        rank = max(t.dim() - (d is not None) for t, d in zip(tensors, dims) if t is not None)
         for t, d in zip(tensors, dims):
             if t is not None and d is not None:
                 t = t.movedim(d, 0)

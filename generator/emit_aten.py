@@ -1,12 +1,14 @@
-"""Emit an op's forward math as ATen operations (C++), for its forward-mode derivative.
+"""Emit an op's forward math as ATen operations (C++), for the derivatives its kernels do
+not give: forward mode, torch.func transforms, double backward.
 
 The autograd kernels (emit_autograd.py) take the outputs' values from the op's kernels,
 and, when an input carries a tangent (torch.func.jvp, torch.autograd.forward_ad) or a
 torch.func transform (grad, vjp, vmap) wants a graph, the outputs' derivatives from this
 function run on the same inputs: torch differentiates each ATen operation, forward or
 backward, so the derivatives follow the same math as the kernels with nothing more to
-derive, and nested transforms compose as with any torch code. It computes in float32,
-as the kernels do (16-bit inputs are converted first).
+derive, and nested transforms compose as with any torch code. A backward with
+create_graph=True takes its gradients from it too, so that they can be differentiated
+again. It computes in float32, as the kernels do (16-bit inputs are converted first).
 
 One function per op, `math_in_aten`, with the op's C++ parameters (tensors named
 `<input>_arg`): a branch per specialization (string and bool attributes), each a list of

@@ -4,7 +4,8 @@ op also per-row values and outputs of the forward) and the attributes, and in ba
 calls `<op>_backward` and sums each gradient back to its input's shape. A call whose
 inputs carry tangents (forward-mode differentiation), and one that records a graph under a
 torch.func transform (which runs no C++ autograd Function), takes the outputs from the op
-and their derivatives from the op's math in ATen operations (emit_aten.py).
+and their derivatives from the op's math in ATen operations (emit_aten.py); so does a
+backward with create_graph=True, for its gradients.
 
 The kernels are C++ rather than Python (torch.library.register_autograd) because every
 differentiable call passes through them: a Python autograd kernel costs about 8 µs of

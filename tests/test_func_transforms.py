@@ -384,3 +384,13 @@ def test_vmap_of_other_batched_inputs(case, dims, device):
     batched weight (a call per sample: the kernels take one weight for all rows)."""
     primals, _ = _inputs(case, torch.float32, device)
     _assert_one_call_for_the_batch(CASES[case][0], _batched(primals, dims, 3), dims, 3)
+
+
+@pytest.mark.parametrize("call,shape,message", [
+    (avo_ops.softmax, (5,), r"avo::softmax: argument 'x' must have at least one dimension"),
+    (avo_ops.channel_norm, (5, 3), r"avo::channel_norm: argument 'x' must have at least two dimensions"),
+])
+def test_vmap_over_samples_too_small_for_the_op_raises_its_error(call, shape, message, device):
+    """A 0-dim sample for a row op must fail as the op does, not have the batch read as its row."""
+    with pytest.raises(RuntimeError, match=message):
+        torch.func.vmap(call)(torch.randn(shape, device=device))
