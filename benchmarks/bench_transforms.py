@@ -11,8 +11,7 @@ of bench_cases.py (the torch calls: F.gelu, F.layer_norm, torch.softmax, ...), i
     jvp       torch.func.jvp with a tangent for every tensor input
     vjp       torch.func.vjp, then its pullback of one cotangent per output
     double    torch.autograd.grad of sum(y * g) with create_graph=True, then backward of
-              the squared gradient (a gradient penalty); not for the add_ ops, whose
-              double backward raises
+              the squared gradient (a gradient penalty)
     vmap      torch.func.vmap over the per-element inputs as 8 samples of rows / 8 rows
               (channel_norm: of B / 8 batches), the parameters unbatched
 
@@ -126,8 +125,6 @@ def main(argv=None) -> int:
         torch.manual_seed(0)
         inputs = case.make_inputs(case.layout((args.rows, args.row_length)), dtype, device)
         for mode in modes:
-            if mode == "double" and op.startswith("add_"):
-                continue
             ms = median_ms({"avo": mode_call(mode, case.avo, inputs), "torch": mode_call(mode, case.eager, inputs)},
                            args.reps, device)
             rows.append((op, mode, ms["avo"], ms["torch"]))

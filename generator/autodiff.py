@@ -213,10 +213,10 @@ def saved_row_values(forward: Graph, backward: Graph) -> tuple[Graph, dict[str, 
     for node in order:
         if id(node) in used:
             saved[forward.names.get(node) or f"saved_{len(saved)}"] = node
-    return _read_as_inputs(backward, {id(node): tensor(name, "row") for name, node in saved.items()}), saved
+    return read_as_inputs(backward, {id(node): tensor(name, "row") for name, node in saved.items()}), saved
 
 
-def _read_as_inputs(backward: Graph, leaves: dict[int, Node]) -> Graph:
+def read_as_inputs(backward: Graph, leaves: dict[int, Node]) -> Graph:
     """`backward` with each node whose id is a key of `leaves` replaced by that input."""
     memo: dict[int, Node] = {}
 
@@ -257,7 +257,7 @@ def saved_element_outputs(forward: Graph, backward: Graph) -> tuple[Graph, tuple
         node = forward.results[o.name]
         if node.domain != "elem":
             continue
-        trial = _read_as_inputs(backward, {id(node): tensor(o.name, "elem")})
+        trial = read_as_inputs(backward, {id(node): tensor(o.name, "elem")})
         if len(element_inputs_read(trial)) < len(element_inputs_read(backward)):
             backward = trial
             taken.append(o.name)

@@ -19,10 +19,14 @@ op's tensors are viewed as [B, C, spatial elements] and its per-channel paramete
 """
 from __future__ import annotations
 
+import textwrap
+from dataclasses import dataclass
+
+from .autodiff import differentiate, grad_name, read_as_inputs
 from .emit_binding import CPP_ARG_TYPES
 from .emit_c import float_literal
-from .ir import Node, topological_order
-from .schedule import OpSchedule, channels_first
+from .ir import Graph, Node, tensor, topological_order
+from .schedule import KernelInput, OpSchedule, channels_first
 
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 _PRECEDENCE = {"add": 1, "sub": 1, "mul": 2, "div": 2, "neg": 3}
@@ -171,13 +175,16 @@ class _AtenPrinter:
         return f"({text})" if child_prec < parent_prec or (child_prec == parent_prec and right) else text
 
 
-def _leaf_lines(s: OpSchedule) -> list[str]:
-    """Each tensor input in float32, laid out to broadcast against the rows; a missing
-    optional input is its default."""
+def _leaf_lines(s: OpSchedule, tensors, like: str, convert: bool = True) -> list[str]:
+    """Each tensor parameter (`<name>_arg`) as a local: with `convert`, in float32 and laid
+    out to broadcast against the rows, a missing optional one its default; else as given."""
     channel = channels_first(s.forward)
     lines = []
-    for i in s.forward.inputs:
+    for i in tensors:
         arg = f"{i.name}_arg"
+        if not convert:
+            lines.append(f"const at::Tensor& {i.name} = {arg};")
+            continue
         if i.domain == "elem" and channel:
             value = f"avo::autograd::channel_rows({'*' if i.optional else ''}{arg})"
         else:
@@ -186,14 +193,9 @@ def _leaf_lines(s: OpSchedule) -> list[str]:
                 value += ".unsqueeze(-1)"
         if i.optional:
             default = float_literal(i.default).rstrip("f")
-            value = f"{arg} ? {value} : avo::autograd::scalar_tensor({default}, {_like(s)}_arg)"
+            value = f"{arg} ? {value} : avo::autograd::scalar_tensor({default}, {like}_arg)"
         lines.append(f"const at::Tensor {i.name} = {value};")
     return lines
-
-
-def _like(s: OpSchedule) -> str:
-    """The first required tensor input: its dtype and device are every tensor's."""
-    return next(i.name for i in s.forward.inputs if not i.optional)
 
 
 def _condition(choices) -> str:
@@ -206,39 +208,109 @@ def _condition(choices) -> str:
     return " && ".join(parts)
 
 
-def emit_math_in_aten(s: OpSchedule) -> list[str]:
-    """The C++ function `math_in_aten` of one op (see the module docstring)."""
+def _function(s: OpSchedule, name: str, comment: list[str], tensors, per_graph, convert: bool = True) -> list[str]:
+    """A C++ function `name` of the tensors (KernelInput-like: name, optional, default,
+    domain) and the op's attributes, returning the results of `per_graph(graph)` (a Graph)
+    for the specialization the attributes choose."""
     spec = s.spec
     params = [f"const std::optional<at::Tensor>& {i.name}_arg" if i.optional else f"const at::Tensor& {i.name}_arg"
-              for i in s.forward.inputs]
+              for i in tensors]
     params += [f"{CPP_ARG_TYPES[a.type]} {a.name}" for a in spec.attrs]
-    like = _like(s)
-    leaves = {i.name: i.name for i in s.forward.inputs}
+    like = next(i.name for i in tensors if not i.optional)  # its dtype and device are every tensor's
+    leaves = {i.name: i.name for i in tensors}
     leaves.update({a.name: a.name for a in spec.attrs})
     leaves["@like"] = like
     leaves["@dtype"] = f"{like}_arg.scalar_type()"
-    body = _leaf_lines(s)
-    dims = sorted({str(n.value) for _, g in s.forward.graphs for o in spec.outputs
-                   for n in topological_order([g.results[o.name]]) if n.op == "dim"})
+    body = _leaf_lines(s, tensors, like, convert)
+    graphs = [(specialization, per_graph(graph).results, per_graph(graph).names)
+              for specialization, graph in s.forward.graphs]
+    dims = sorted({str(n.value) for _, results, _ in graphs for n in topological_order(results.values())
+                   if n.op == "dim"})
     body += [f"const double {d} = double({like}.size(-1));  // the length of the rows" for d in dims]
-    graphs = s.forward.graphs
-    for k, (specialization, graph) in enumerate(graphs):
-        results = {o.name: graph.results[o.name] for o in spec.outputs}
-        statements = _AtenPrinter(results, graph.names, leaves).lines()
+    for k, (specialization, results, names) in enumerate(graphs):
+        statements = _AtenPrinter(results, names, leaves).lines()
         if len(graphs) == 1:
             body += statements
             continue
         condition = _condition(specialization.choices)
-        opening = "if" if k == 0 else "} else if"
         if k == len(graphs) - 1:
             body.append(f"}} else {{  // {condition}")
         else:
-            body.append(f"{opening} ({condition}) {{")
+            body.append(f"{'if' if k == 0 else '} else if'} ({condition}) {{")
         body += ["  " + line for line in statements]
     if len(graphs) > 1:
         body.append("}")
-    return [f"// The math of {s.forward.qualified_name} in ATen operations, in float32, for torch to differentiate",
-            "// (see math_call).",
-            f"std::vector<at::Tensor> math_in_aten({', '.join(params)}) {{",
-            *("  " + line for line in body),
-            "}", ""]
+    return [*comment, f"std::vector<at::Tensor> {name}({', '.join(params)}) {{", *("  " + line for line in body), "}", ""]
+
+
+def emit_math_in_aten(s: OpSchedule) -> list[str]:
+    """The C++ function `math_in_aten` of one op (see the module docstring)."""
+    comment = [f"// The math of {s.forward.qualified_name} in ATen operations, in float32, for torch to differentiate",
+               "// (see math_call)."]
+    return _function(s, "math_in_aten", comment, s.forward.inputs,
+                     lambda graph: Graph(graph.spec, graph.specialization,
+                                         {o.name: graph.results[o.name] for o in s.spec.outputs}, graph.names))
+
+
+def emit_math_from_kept(s: OpSchedule, kept: KeptOutputMath) -> list[str]:
+    """For a double backward of an op whose autograd keeps outputs in place of inputs:
+    `math_from_kept`, the outputs from the kept outputs and the inputs kept, and
+    `left_out_gradients`, the left-out inputs' gradients from the kept outputs'."""
+    outputs, left_out = _and(kept.outputs), _and(kept.left_out)
+    comment = textwrap.wrap(f"The math of {s.forward.qualified_name} from {outputs}, which its autograd keeps in place "
+                            f"of {left_out}, for a double backward: the outputs as math_in_aten computes them.", 90)
+    math = _function(s, "math_from_kept", ["// " + line for line in comment],
+                     [KernelInput(o, False, None, "elem") for o in kept.outputs] + list(kept.inputs),
+                     lambda graph: kept.results[id(graph)])
+    gradients = _function(s, "left_out_gradients",
+                          [f"// The gradients of {left_out} from those of {outputs}, which stand in for them.",],
+                          [KernelInput(grad_name(o), False, None, "elem") for o in kept.outputs],
+                          lambda graph: kept.gradients[id(graph)], convert=False)
+    return math + gradients
+
+
+def _and(names) -> str:
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+
+
+@dataclass
+class KeptOutputMath:
+    """An op whose autograd keeps `outputs` (add_layernorm's hidden) in place of the inputs
+    `left_out` (x and residual), with `inputs` the inputs it keeps: per forward graph (by
+    id), the graph of the outputs as functions of the kept outputs and inputs (`results`),
+    and that of each left-out input's gradient as a function of the kept outputs'
+    gradients only (`gradients`)."""
+
+    outputs: tuple[str, ...]
+    left_out: tuple[str, ...]
+    inputs: tuple
+    results: dict[int, Graph]
+    gradients: dict[int, Graph]
+
+
+def kept_output_math(s: OpSchedule) -> KeptOutputMath | None:
+    """The math from the outputs the autograd keeps in place of inputs, where the outputs
+    read none of the left-out inputs but through them and the left-out inputs' gradients
+    need none of their values (add_layernorm: hidden = x + residual, so both gradients are
+    hidden's); None otherwise, and for an op that keeps every input."""
+    kept = s.kept_for_backward
+    outputs = tuple(s.spec.outputs[k].name for kind, k in kept if kind == "output")
+    left_out = tuple(i.name for k, i in enumerate(s.spec.inputs) if ("input", k) not in kept)
+    if not outputs or not left_out:
+        return None
+    results, gradients = {}, {}
+    for _, graph in s.forward.graphs:
+        leaves = {id(graph.results[o]): tensor(o, "elem") for o in outputs}
+        only_outputs = Graph(graph.spec, graph.specialization, {o.name: graph.results[o.name] for o in s.spec.outputs},
+                             graph.names)
+        results[id(graph)] = read_as_inputs(only_outputs, leaves)
+        read = {n.value for r in results[id(graph)].results.values() for n in topological_order([r])
+                if n.op == "input"}
+        grads = differentiate(Graph(graph.spec, graph.specialization, {o: graph.results[o] for o in outputs}))
+        gradients[id(graph)] = Graph(graph.spec, graph.specialization, {name: grads[name] for name in left_out})
+        grads_read = {n.value for g in gradients[id(graph)].results.values() for n in topological_order([g])
+                      if n.op == "input"}
+        if read & set(left_out) or not grads_read <= {grad_name(o) for o in outputs}:
+            return None
+    inputs = tuple(i for i in s.forward.inputs if i.name not in left_out)
+    return KeptOutputMath(outputs, left_out, inputs, results, gradients)

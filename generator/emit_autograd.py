@@ -13,7 +13,7 @@ host time per call, more than the whole torch call it replaces on a small tensor
 ops share one file so that the autograd headers are compiled once."""
 from __future__ import annotations
 
-from .emit_aten import emit_math_in_aten
+from .emit_aten import emit_math_from_kept, emit_math_in_aten, kept_output_math
 from .emit_binding import _cpp_params, _return_type, op_handle
 from .emit_kernels import header_comment
 from .schedule import OpSchedule
@@ -66,6 +66,7 @@ def _function(s: OpSchedule) -> list[str]:
              "  return op;",
              "}", "",
              *emit_math_in_aten(s),
+             *(emit_math_from_kept(s, kept_output_math(s)) if kept_output_math(s) else []),
              "class Function : public torch::autograd::Function<Function> {",
              " public:",
              f"  static torch::autograd::variable_list forward({forward_params}) {{",
@@ -83,16 +84,43 @@ def _function(s: OpSchedule) -> list[str]:
              for j, (kind, k) in enumerate(kept)]
     saved_attrs = [f'ctx->saved_data["{a.name}"].{_SAVED_READ[a.type]}' for a in attrs]
     call += saved_attrs
-    twice_differentiable = all(("input", k) in kept for k in range(len(inputs)))
-    if twice_differentiable:
+    from_kept = kept_output_math(s)
+    twice_differentiable = from_kept is not None or all(("input", k) in kept for k in range(len(inputs)))
+    if from_kept is None and twice_differentiable:
         # With every input kept, a backward that must itself be differentiable takes its
-        # gradients from the math. (The add_ ops keep their output hidden instead of x and
-        # residual, so their backward stays first-order.)
+        # gradients from the math.
         kept_inputs = [f"saved[{kept.index(('input', k))}]" for k in range(len(inputs))]
-        math_args = [f"avo::autograd::present({t})" if i.optional else t for t, i in zip(kept_inputs, inputs)]
+        math_args = [f"avo::autograd::present(inputs[{k}])" if i.optional else f"inputs[{k}]" for k, i in enumerate(inputs)]
         lines += ["    if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own",
+                  f"      const torch::autograd::variable_list inputs = avo::autograd::aliases({{{', '.join(kept_inputs)}}});",
                   f"      return avo::autograd::differentiable_gradients(math_in_aten({', '.join(math_args + saved_attrs)}),",
-                  f"                                                     {{{', '.join(kept_inputs)}}}, grads, {len(attrs)});",
+                  f"                                                     inputs, grads, {len(attrs)});",
+                  "    }"]
+    elif from_kept is not None:
+        # The kept outputs stand in for the inputs left out (add_layernorm's hidden for x and
+        # residual): the gradients of the kept tensors from the math, the left-out inputs'
+        # from the kept outputs'.
+        names = [o.name for o in spec.outputs]
+        tensors = [f"saved[{kept.index(('output', names.index(o)))}]" for o in from_kept.outputs]
+        kept_inputs = [(k, i) for k, i in enumerate(inputs) if ("input", k) in kept]
+        tensors += [f"saved[{kept.index(('input', k))}]" for k, _ in kept_inputs]
+        count = len(from_kept.outputs)
+        math_args = [f"inputs[{j}]" for j in range(count)] + [
+            f"avo::autograd::present(inputs[{count + j}])" if i.optional else f"inputs[{count + j}]"
+            for j, (_, i) in enumerate(kept_inputs)]
+        kept_grads = ", ".join(f"kept[{j}]" for j in range(len(from_kept.outputs)))
+        returned = []
+        for k, i in enumerate(inputs):
+            if i.name in from_kept.left_out:
+                returned.append(f"left_out[{from_kept.left_out.index(i.name)}]")
+            else:
+                returned.append(f"kept[{len(from_kept.outputs) + [j for j, _ in kept_inputs].index(k)}]")
+        lines += ["    if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own",
+                  f"      const torch::autograd::variable_list inputs = avo::autograd::aliases({{{', '.join(tensors)}}});",
+                  "      const torch::autograd::variable_list kept = avo::autograd::differentiable_gradients(",
+                  f"          math_from_kept({', '.join(math_args + saved_attrs)}), inputs, grads, 0);",
+                  f"      const std::vector<at::Tensor> left_out = left_out_gradients({', '.join([kept_grads] + saved_attrs)});",
+                  f"      return {{{', '.join(returned + ['at::Tensor()'] * len(attrs))}}};",
                   "    }"]
     gradients = f"backward_op().call({', '.join(call)})"
     if len(bwd.outputs) == 1:
@@ -239,6 +267,15 @@ def emit_autograd(schedules: list[OpSchedule], namespace: str = "avo") -> str:
              "  const at::Tensor m = math.numel() == kernel.numel() ? math.reshape(kernel.sizes()) : math.expand(kernel.sizes());",
              "  const at::Tensor zero = (m.detach() - m).to(kernel.scalar_type());",
              "  return at::where(at::isfinite(m), kernel - zero, kernel);",
+             "}", "",
+             "// With create_graph=True: the saved tensors as aliases, whose gradients torch takes at",
+             "// their own nodes. A tensor the op returned (add_layernorm's hidden) has this op's node",
+             "// for its own; taking its gradient there would make that node, whose backward is running,",
+             "// a step to the others (weight is an input of both) and run it again inside itself.",
+             "inline torch::autograd::variable_list aliases(const torch::autograd::variable_list& saved) {",
+             "  torch::autograd::variable_list out;",
+             "  for (const at::Tensor& t : saved) out.push_back(t.defined() ? t.view_as(t) : t);",
+             "  return out;",
              "}", "",
              "// With create_graph=True: the gradients of `inputs` (the op's tensor inputs, undefined",
              "// where the call left one out) for `grads` of the outputs of math_in_aten, which torch",

@@ -2,9 +2,9 @@
 same transforms of float64 torch references: torch.func.jvp, jacfwd and
 torch.autograd.forward_ad dual tensors (tangents); torch.func.grad, vjp, jacrev, hessian
 and vmap of calls that record a graph (which run no C++ autograd Function); double
-backward (create_graph=True); the ops' vmap rules (one call for the whole batch). The outputs' values stay the kernels'; the ops that have no
-forward-mode derivative (<op>_backward, <op>_forward) raise naming themselves, and so do
-the add_ ops in a double backward.
+backward (create_graph=True); the ops' vmap rules (one call for the whole batch). The
+outputs' values stay the kernels'; the ops that have no forward-mode derivative
+(<op>_backward, <op>_forward) raise naming themselves.
 
 Tolerances: the tangents are computed in float32 from the inputs and the tangents as
 given (16-bit ones converted exactly), then rounded to the op's dtype, so
@@ -286,12 +286,10 @@ def test_vmap_of_a_module_that_records_a_graph(device):
 # Double backward: create_graph=True through the ops.
 # ---------------------------------------------------------------------------------
 
-TWICE_DIFFERENTIABLE = [case for case in CASES if not case.startswith("add_")]
-
-
-@pytest.mark.parametrize("case", TWICE_DIFFERENTIABLE)
+@pytest.mark.parametrize("case", CASES)
 def test_double_backward_matches_float64_reference(case, device):
-    """The gradient of a gradient penalty |dL/dx|^2 with respect to every input."""
+    """The gradient of a gradient penalty |dL/dx|^2 with respect to every input (the add_
+    ops' from hidden, which their autograd keeps in place of x and residual)."""
     primals, weights = _inputs(case, torch.float32, device)
 
     def penalty_gradients(call, tensors):
@@ -318,18 +316,6 @@ def test_hessian_vector_product_through_autograd(device):
     _, got = torch.autograd.functional.hvp(loss(avo_ops.layernorm), x, v)
     _, expected = torch.autograd.functional.hvp(loss(_ln), x.double(), v.double())
     torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
-
-
-@pytest.mark.parametrize("case", ["add_layernorm", "add_rmsnorm"])
-def test_double_backward_of_the_add_ops_raises_naming_the_op(case, device):
-    """Their autograd keeps the output hidden in place of x and residual, so the math cannot
-    be run again: create_graph=True must fail loudly, not give zero second derivatives."""
-    primals, _ = _inputs(case, torch.float32, device)
-    x = primals[0].requires_grad_()
-    outputs = CASES[case][0](*primals)
-    with pytest.raises(RuntimeError, match=rf"avo::{case}_backward is not differentiable: avo::{case} has first "
-                                           r"derivatives only \(no double backward"):
-        torch.autograd.grad(outputs[1].sum(), x, create_graph=True)
 
 
 # ---------------------------------------------------------------------------------

@@ -598,3 +598,43 @@ def test_a_sum_of_squares_is_one_sum_squares_call_on_the_base(op, expected):
         body = body[:body.index("});")]
         term = re.search(r"const float term = (.*);", body).group(1)
         assert "*" not in term, term
+
+
+SKIP_NORM = HEADER + """\
+inputs:
+  x: [..., N]
+  residual: [..., N]
+outputs:
+  hidden: [..., N]
+  y: [..., N]
+math:
+  hidden: x + residual
+  y: hidden * rsqrt(mean(hidden * hidden, N) + 1e-6) + x
+"""
+
+
+def test_double_backward_from_a_kept_output_only_where_its_inputs_gradients_need_no_values():
+    """add_rmsnorm's autograd keeps hidden in place of x and residual: its double backward
+    runs the math from hidden, and x's and residual's gradients are hidden's (hidden = x +
+    residual). Where y also reads x itself, its backward still needs only hidden (the
+    derivative of + x is 1), but y cannot be computed from hidden: no math from hidden,
+    and the double backward raises naming the op."""
+    from generator.emit_aten import kept_output_math
+    from generator.emit_autograd import emit_autograd
+
+    add = schedule(parse_spec(parse_yaml((ROOT / "specs" / "add_rmsnorm.yaml").read_text(), "specs/add_rmsnorm.yaml"),
+                              "specs/add_rmsnorm.yaml"))
+    kept = kept_output_math(add)
+    assert kept.outputs == ("hidden",) and kept.left_out == ("x", "residual")
+    (gradients,) = kept.gradients.values()
+    assert all(g.op == "input" and g.value == "grad_hidden" for g in gradients.results.values())
+    (results,) = kept.results.values()
+    read = {n.value for r in results.results.values() for n in topological_order([r]) if n.op == "input"}
+    assert read == {"hidden", "weight"}
+    assert "math_from_kept(" in emit_autograd([add])
+
+    skip = schedule(spec_of(SKIP_NORM))
+    assert ("output", 0) in skip.kept_for_backward and ("input", 0) not in skip.kept_for_backward
+    assert kept_output_math(skip) is None
+    text = emit_autograd([skip])
+    assert "math_from_kept(" not in text and "avo::t has first derivatives only (no double backward" in text

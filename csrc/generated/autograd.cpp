@@ -73,6 +73,16 @@ inline at::Tensor with_derivatives_of(const at::Tensor& kernel, const at::Tensor
   return at::where(at::isfinite(m), kernel - zero, kernel);
 }
 
+// With create_graph=True: the saved tensors as aliases, whose gradients torch takes at
+// their own nodes. A tensor the op returned (add_layernorm's hidden) has this op's node
+// for its own; taking its gradient there would make that node, whose backward is running,
+// a step to the others (weight is an input of both) and run it again inside itself.
+inline torch::autograd::variable_list aliases(const torch::autograd::variable_list& saved) {
+  torch::autograd::variable_list out;
+  for (const at::Tensor& t : saved) out.push_back(t.defined() ? t.view_as(t) : t);
+  return out;
+}
+
 // With create_graph=True: the gradients of `inputs` (the op's tensor inputs, undefined
 // where the call left one out) for `grads` of the outputs of math_in_aten, which torch
 // differentiates with a graph of their own, so that they can be differentiated again
@@ -163,6 +173,26 @@ std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const at::Tensor& 
   return {hidden, y};
 }
 
+// The math of avo::add_layernorm from hidden, which its autograd keeps in place of x and
+// residual, for a double backward: the outputs as math_in_aten computes them.
+std::vector<at::Tensor> math_from_kept(const at::Tensor& hidden_arg, const std::optional<at::Tensor>& weight_arg, const std::optional<at::Tensor>& bias_arg, double eps) {
+  const at::Tensor hidden = hidden_arg.to(at::kFloat);
+  const at::Tensor weight = weight_arg ? weight_arg->to(at::kFloat) : avo::autograd::scalar_tensor(1.0, hidden_arg);
+  const at::Tensor bias = bias_arg ? bias_arg->to(at::kFloat) : avo::autograd::scalar_tensor(0.0, hidden_arg);
+  const double N = double(hidden.size(-1));  // the length of the rows
+  const at::Tensor mu = at::sum(hidden, -1, /*keepdim=*/true) / N;
+  const at::Tensor centered = hidden - mu;
+  const at::Tensor rstd = at::rsqrt(at::sum(centered * centered, -1, /*keepdim=*/true) / N + eps);
+  const at::Tensor y = centered * rstd * weight + bias;
+  return {hidden, y};
+}
+
+// The gradients of x and residual from those of hidden, which stand in for them.
+std::vector<at::Tensor> left_out_gradients(const at::Tensor& grad_hidden_arg, double eps) {
+  const at::Tensor& grad_hidden = grad_hidden_arg;
+  return {grad_hidden, grad_hidden};
+}
+
 class Function : public torch::autograd::Function<Function> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
@@ -176,6 +206,13 @@ class Function : public torch::autograd::Function<Function> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
+      const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[2], saved[3], saved[4]});
+      const torch::autograd::variable_list kept = avo::autograd::differentiable_gradients(
+          math_from_kept(inputs[0], avo::autograd::present(inputs[1]), avo::autograd::present(inputs[2]), ctx->saved_data["eps"].toDouble()), inputs, grads, 0);
+      const std::vector<at::Tensor> left_out = left_out_gradients(kept[0], ctx->saved_data["eps"].toDouble());
+      return {left_out[0], left_out[1], kept[1], kept[2], at::Tensor()};
+    }
     const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], grads[1], saved[0], saved[1], saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), ctx->saved_data["eps"].toDouble()));
     return {gradients[0], gradients[0], avo::autograd::sum_to_input(gradients[1], saved[3]), avo::autograd::sum_to_input(gradients[2], saved[4]), at::Tensor()};
   }
@@ -205,14 +242,14 @@ std::tuple<at::Tensor, at::Tensor> autograd_kernel(c10::DispatchKeySet keys, con
   return {outputs[0], outputs[1]};
 }
 
-// The backward has no derivative of its own: a call that would record a graph (a double
-// backward, create_graph=True) raises, where torch's fallback would warn and let no
-// second derivative reach the inputs.
+// The backward op has no derivative of its own (Function::backward takes the gradients
+// of a double backward from math_in_aten instead): a call that would record a graph
+// raises, where torch's fallback would warn and let no second derivative reach the inputs.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& hidden, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
   TORCH_CHECK(!avo::autograd::any_tangent(grad_hidden, grad_y, mu, rstd, hidden, weight, bias), "avo::add_layernorm_backward has no forward-mode "
               "derivative: a tangent reached it (torch.func.jvp or torch.autograd.forward_ad)");
   TORCH_CHECK(!avo::autograd::needs_grad(grad_hidden, grad_y, mu, rstd, hidden, weight, bias), "avo::add_layernorm_backward is not differentiable: "
-              "avo::add_layernorm has first derivatives only (no double backward, no create_graph=True)");
+              "differentiate avo::add_layernorm itself (its double backward takes the gradients from its math, not from this op)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return backward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, grad_hidden, grad_y, mu, rstd, hidden, weight, bias, eps);
 }
@@ -262,6 +299,23 @@ std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const at::Tensor& 
   return {hidden, y};
 }
 
+// The math of avo::add_rmsnorm from hidden, which its autograd keeps in place of x and
+// residual, for a double backward: the outputs as math_in_aten computes them.
+std::vector<at::Tensor> math_from_kept(const at::Tensor& hidden_arg, const std::optional<at::Tensor>& weight_arg, double eps) {
+  const at::Tensor hidden = hidden_arg.to(at::kFloat);
+  const at::Tensor weight = weight_arg ? weight_arg->to(at::kFloat) : avo::autograd::scalar_tensor(1.0, hidden_arg);
+  const double N = double(hidden.size(-1));  // the length of the rows
+  const at::Tensor rrms = at::rsqrt(at::sum(hidden * hidden, -1, /*keepdim=*/true) / N + eps);
+  const at::Tensor y = hidden * rrms * weight;
+  return {hidden, y};
+}
+
+// The gradients of x and residual from those of hidden, which stand in for them.
+std::vector<at::Tensor> left_out_gradients(const at::Tensor& grad_hidden_arg, double eps) {
+  const at::Tensor& grad_hidden = grad_hidden_arg;
+  return {grad_hidden, grad_hidden};
+}
+
 class Function : public torch::autograd::Function<Function> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
@@ -275,6 +329,13 @@ class Function : public torch::autograd::Function<Function> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
+      const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[1], saved[2]});
+      const torch::autograd::variable_list kept = avo::autograd::differentiable_gradients(
+          math_from_kept(inputs[0], avo::autograd::present(inputs[1]), ctx->saved_data["eps"].toDouble()), inputs, grads, 0);
+      const std::vector<at::Tensor> left_out = left_out_gradients(kept[0], ctx->saved_data["eps"].toDouble());
+      return {left_out[0], left_out[1], kept[1], at::Tensor()};
+    }
     const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], grads[1], saved[0], saved[1], avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble()));
     return {gradients[0], gradients[0], avo::autograd::sum_to_input(gradients[1], saved[2]), at::Tensor()};
   }
@@ -304,14 +365,14 @@ std::tuple<at::Tensor, at::Tensor> autograd_kernel(c10::DispatchKeySet keys, con
   return {outputs[0], outputs[1]};
 }
 
-// The backward has no derivative of its own: a call that would record a graph (a double
-// backward, create_graph=True) raises, where torch's fallback would warn and let no
-// second derivative reach the inputs.
+// The backward op has no derivative of its own (Function::backward takes the gradients
+// of a double backward from math_in_aten instead): a call that would record a graph
+// raises, where torch's fallback would warn and let no second derivative reach the inputs.
 std::tuple<at::Tensor, at::Tensor> backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& rrms, const at::Tensor& hidden, const std::optional<at::Tensor>& weight, double eps) {
   TORCH_CHECK(!avo::autograd::any_tangent(grad_hidden, grad_y, rrms, hidden, weight), "avo::add_rmsnorm_backward has no forward-mode "
               "derivative: a tangent reached it (torch.func.jvp or torch.autograd.forward_ad)");
   TORCH_CHECK(!avo::autograd::needs_grad(grad_hidden, grad_y, rrms, hidden, weight), "avo::add_rmsnorm_backward is not differentiable: "
-              "avo::add_rmsnorm has first derivatives only (no double backward, no create_graph=True)");
+              "differentiate avo::add_rmsnorm itself (its double backward takes the gradients from its math, not from this op)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return backward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, grad_hidden, grad_y, rrms, hidden, weight, eps);
 }
@@ -386,8 +447,9 @@ class Function : public torch::autograd::Function<Function> {
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
-      return avo::autograd::differentiable_gradients(math_in_aten(saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), ctx->saved_data["eps"].toDouble(), ctx->saved_data["swish"].toBool()),
-                                                     {saved[2], saved[3], saved[4]}, grads, 2);
+      const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[2], saved[3], saved[4]});
+      return avo::autograd::differentiable_gradients(math_in_aten(inputs[0], avo::autograd::present(inputs[1]), avo::autograd::present(inputs[2]), ctx->saved_data["eps"].toDouble(), ctx->saved_data["swish"].toBool()),
+                                                     inputs, grads, 2);
     }
     const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], saved[1], saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), ctx->saved_data["eps"].toDouble(), ctx->saved_data["swish"].toBool()));
     return {avo::autograd::sum_to_input(gradients[0], saved[2]), avo::autograd::sum_to_input(gradients[1], saved[3]), avo::autograd::sum_to_input(gradients[2], saved[4]), at::Tensor(), at::Tensor()};
@@ -484,8 +546,9 @@ class Function : public torch::autograd::Function<Function> {
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
-      return avo::autograd::differentiable_gradients(math_in_aten(saved[0], ctx->saved_data["approximate"].toStringRef()),
-                                                     {saved[0]}, grads, 1);
+      const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[0]});
+      return avo::autograd::differentiable_gradients(math_in_aten(inputs[0], ctx->saved_data["approximate"].toStringRef()),
+                                                     inputs, grads, 1);
     }
     const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[0], ctx->saved_data["approximate"].toStringRef())};
     return {avo::autograd::sum_to_input(gradients[0], saved[0]), at::Tensor()};
@@ -577,8 +640,9 @@ class Function : public torch::autograd::Function<Function> {
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
-      return avo::autograd::differentiable_gradients(math_in_aten(saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), ctx->saved_data["eps"].toDouble()),
-                                                     {saved[2], saved[3], saved[4]}, grads, 1);
+      const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[2], saved[3], saved[4]});
+      return avo::autograd::differentiable_gradients(math_in_aten(inputs[0], avo::autograd::present(inputs[1]), avo::autograd::present(inputs[2]), ctx->saved_data["eps"].toDouble()),
+                                                     inputs, grads, 1);
     }
     const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], saved[1], saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), ctx->saved_data["eps"].toDouble()));
     return {avo::autograd::sum_to_input(gradients[0], saved[2]), avo::autograd::sum_to_input(gradients[1], saved[3]), avo::autograd::sum_to_input(gradients[2], saved[4]), at::Tensor()};
@@ -675,8 +739,9 @@ class Function : public torch::autograd::Function<Function> {
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
-      return avo::autograd::differentiable_gradients(math_in_aten(saved[2]),
-                                                     {saved[2]}, grads, 0);
+      const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[2]});
+      return avo::autograd::differentiable_gradients(math_in_aten(inputs[0]),
+                                                     inputs, grads, 0);
     }
     const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[0], saved[1], saved[2])};
     return {avo::autograd::sum_to_input(gradients[0], saved[2])};
@@ -775,8 +840,9 @@ class Function : public torch::autograd::Function<Function> {
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
-      return avo::autograd::differentiable_gradients(math_in_aten(saved[1], avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble()),
-                                                     {saved[1], saved[2]}, grads, 1);
+      const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[1], saved[2]});
+      return avo::autograd::differentiable_gradients(math_in_aten(inputs[0], avo::autograd::present(inputs[1]), ctx->saved_data["eps"].toDouble()),
+                                                     inputs, grads, 1);
     }
     const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], saved[1], avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble()));
     return {avo::autograd::sum_to_input(gradients[0], saved[1]), avo::autograd::sum_to_input(gradients[1], saved[2]), at::Tensor()};
@@ -865,8 +931,9 @@ class Function : public torch::autograd::Function<Function> {
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
-      return avo::autograd::differentiable_gradients(math_in_aten(saved[0]),
-                                                     {saved[0]}, grads, 0);
+      const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[0]});
+      return avo::autograd::differentiable_gradients(math_in_aten(inputs[0]),
+                                                     inputs, grads, 0);
     }
     const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[0])};
     return {avo::autograd::sum_to_input(gradients[0], saved[0])};
@@ -953,8 +1020,9 @@ class Function : public torch::autograd::Function<Function> {
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
-      return avo::autograd::differentiable_gradients(math_in_aten(saved[2]),
-                                                     {saved[2]}, grads, 0);
+      const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[2]});
+      return avo::autograd::differentiable_gradients(math_in_aten(inputs[0]),
+                                                     inputs, grads, 0);
     }
     const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[0], saved[1], saved[2])};
     return {avo::autograd::sum_to_input(gradients[0], saved[2])};
@@ -1057,8 +1125,9 @@ class Function : public torch::autograd::Function<Function> {
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
-      return avo::autograd::differentiable_gradients(math_in_aten(saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), ctx->saved_data["eps"].toDouble()),
-                                                     {saved[2], saved[3], saved[4]}, grads, 1);
+      const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[2], saved[3], saved[4]});
+      return avo::autograd::differentiable_gradients(math_in_aten(inputs[0], avo::autograd::present(inputs[1]), avo::autograd::present(inputs[2]), ctx->saved_data["eps"].toDouble()),
+                                                     inputs, grads, 1);
     }
     const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], saved[1], saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), ctx->saved_data["eps"].toDouble()));
     return {avo::autograd::sum_to_input(gradients[0], saved[2]), avo::autograd::sum_to_input(gradients[1], saved[3]), avo::autograd::sum_to_input(gradients[2], saved[4]), at::Tensor()};
