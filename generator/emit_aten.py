@@ -24,12 +24,11 @@ from dataclasses import dataclass
 
 from .autodiff import differentiate, grad_name, read_as_inputs
 from .emit_binding import CPP_ARG_TYPES
-from .emit_c import float_literal
+from .emit_c import COMPARE, INFIX, PRECEDENCE, float_literal, needs_parentheses
 from .ir import Graph, Node, tensor, topological_order
 from .schedule import KernelInput, OpSchedule, channels_first
 
-_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
-_PRECEDENCE = {"add": 1, "sub": 1, "mul": 2, "div": 2, "neg": 3}
+_ARITHMETIC = (*INFIX, "neg")  # the operations printed as C++ operators
 _TENSOR_FUNCTIONS = {"exp": "at::exp", "log": "at::log", "sqrt": "at::sqrt", "rsqrt": "at::rsqrt",
                      "tanh": "at::tanh", "erf": "at::erf", "sigmoid": "at::sigmoid", "abs": "at::abs",
                      "sign": "at::sign", "min": "at::minimum", "max": "at::maximum", "pow": "at::pow",
@@ -40,7 +39,6 @@ _SCALAR_FUNCTIONS = {"exp": "std::exp", "log": "std::log", "sqrt": "std::sqrt", 
                      "erf": "std::erf", "abs": "std::fabs", "pow": "std::pow", "rsqrt": "avo::autograd::rsqrt",
                      "sigmoid": "avo::autograd::sigmoid", "sign": "avo::autograd::sign",
                      "min": "avo::autograd::minimum", "max": "avo::autograd::maximum"}
-_COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 # A comparison with the scalar on the left, written with the tensor on the left.
 _MIRRORED = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
 
@@ -114,11 +112,11 @@ class _AtenPrinter:
         op, args = node.op, node.args
         if _is_scalar(node):
             return self.scalar_expr(node)
-        if op in _INFIX:
+        if op in INFIX:
             left, right = args
             if op in ("sub", "div") and _is_scalar(left):  # c - t, c / t: no ATen operator takes a number first
-                return f"{self.tensor(left)} {_INFIX[op]} {self.operand(right, op, True)}"
-            return f"{self.operand(left, op, False)} {_INFIX[op]} {self.operand(right, op, True)}"
+                return f"{self.tensor(left)} {INFIX[op]} {self.operand(right, op, True)}"
+            return f"{self.operand(left, op, False)} {INFIX[op]} {self.operand(right, op, True)}"
         if op == "neg":
             return f"-{self.operand(args[0], op, False)}"
         if op in ("rsum", "rmax", "rmin"):
@@ -127,7 +125,7 @@ class _AtenPrinter:
             return f"{self.method_operand(args[0])}.detach()"
         if op == "stored":
             return f"avo::autograd::as_stored({self.expr(args[0])}, {self.leaves['@dtype']})"
-        if op in _COMPARE:
+        if op in COMPARE:
             left, right = args
             if _is_scalar(left):
                 return f"{_TENSOR_FUNCTIONS[_MIRRORED[op]]}({self.expr(right)}, {self.expr(left)})"
@@ -145,12 +143,12 @@ class _AtenPrinter:
 
     def scalar_expr(self, node: Node) -> str:
         op, args = node.op, node.args
-        if op in _INFIX:
-            return f"{self.operand(args[0], op, False)} {_INFIX[op]} {self.operand(args[1], op, True)}"
+        if op in INFIX:
+            return f"{self.operand(args[0], op, False)} {INFIX[op]} {self.operand(args[1], op, True)}"
         if op == "neg":
             return f"-{self.operand(args[0], op, False)}"
-        if op in _COMPARE:
-            return f"({self.expr(args[0])} {_COMPARE[op]} {self.expr(args[1])})"
+        if op in COMPARE:
+            return f"({self.expr(args[0])} {COMPARE[op]} {self.expr(args[1])})"
         if op == "where":
             return f"({self.expr(args[0])} ? {self.expr(args[1])} : {self.expr(args[2])})"
         if op == "no_grad":
@@ -161,18 +159,16 @@ class _AtenPrinter:
         """`child` before a method call: in parentheses where it is an inline operation."""
         text = self.expr(child)
         inline = child.args and id(child) not in self.names and child.op != "dim"
-        return f"({text})" if inline and child.op in _PRECEDENCE else text
+        return f"({text})" if inline and child.op in _ARITHMETIC else text
 
     def operand(self, child: Node, parent_op: str, right: bool) -> str:
         text = self.expr(child)
         if child.op == "const" and child.value < 0:
             return f"({text})"
         inline = child.args and id(child) not in self.names and child.op != "dim"
-        if not inline or child.op not in _PRECEDENCE:
+        if not inline or child.op not in _ARITHMETIC:
             return text
-        child_prec, parent_prec = _PRECEDENCE[child.op], _PRECEDENCE[parent_op]
-        # Same precedence on the right keeps the spec's evaluation order: a - (b - c).
-        return f"({text})" if child_prec < parent_prec or (child_prec == parent_prec and right) else text
+        return f"({text})" if needs_parentheses(PRECEDENCE[child.op], PRECEDENCE[parent_op], right) else text
 
 
 def _leaf_lines(s: OpSchedule, tensors, like: str, convert: bool = True) -> list[str]:

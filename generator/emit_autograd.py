@@ -86,42 +86,30 @@ def _function(s: OpSchedule) -> list[str]:
     call += saved_attrs
     from_kept = kept_output_math(s)
     twice_differentiable = from_kept is not None or all(("input", k) in kept for k in range(len(inputs)))
-    if from_kept is None and twice_differentiable:
-        # With every input kept, a backward that must itself be differentiable takes its
-        # gradients from the math.
-        kept_inputs = [f"saved[{kept.index(('input', k))}]" for k in range(len(inputs))]
-        math_args = [f"avo::autograd::present(inputs[{k}])" if i.optional else f"inputs[{k}]" for k, i in enumerate(inputs)]
-        lines += ["    if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own",
-                  f"      const torch::autograd::variable_list inputs = avo::autograd::aliases({{{', '.join(kept_inputs)}}});",
-                  f"      return avo::autograd::differentiable_gradients(math_in_aten({', '.join(math_args + saved_attrs)}),",
-                  f"                                                     inputs, grads, {len(attrs)});",
-                  "    }"]
-    elif from_kept is not None:
-        # The kept outputs stand in for the inputs left out (add_layernorm's hidden for x and
-        # residual): the gradients of the kept tensors from the math, the left-out inputs'
-        # from the kept outputs'.
+    if twice_differentiable:
+        # A backward that must itself be differentiable takes its gradients from the math: of
+        # the inputs kept, and where outputs are kept in place of inputs (add_layernorm's
+        # hidden for x and residual), of those outputs, the left-out inputs' from theirs.
+        outputs_kept = from_kept.outputs if from_kept is not None else ()
+        left_out = from_kept.left_out if from_kept is not None else ()
         names = [o.name for o in spec.outputs]
-        tensors = [f"saved[{kept.index(('output', names.index(o)))}]" for o in from_kept.outputs]
-        kept_inputs = [(k, i) for k, i in enumerate(inputs) if ("input", k) in kept]
-        tensors += [f"saved[{kept.index(('input', k))}]" for k, _ in kept_inputs]
-        count = len(from_kept.outputs)
-        math_args = [f"inputs[{j}]" for j in range(count)] + [
-            f"avo::autograd::present(inputs[{count + j}])" if i.optional else f"inputs[{count + j}]"
-            for j, (_, i) in enumerate(kept_inputs)]
-        kept_grads = ", ".join(f"kept[{j}]" for j in range(len(from_kept.outputs)))
-        returned = []
-        for k, i in enumerate(inputs):
-            if i.name in from_kept.left_out:
-                returned.append(f"left_out[{from_kept.left_out.index(i.name)}]")
-            else:
-                returned.append(f"kept[{len(from_kept.outputs) + [j for j, _ in kept_inputs].index(k)}]")
+        inputs_kept = [k for k in range(len(inputs)) if ("input", k) in kept]
+        tensors = [f"saved[{kept.index(('output', names.index(o)))}]" for o in outputs_kept]
+        tensors += [f"saved[{kept.index(('input', k))}]" for k in inputs_kept]
+        math_args = [f"inputs[{j}]" for j in range(len(outputs_kept))]
+        math_args += [f"avo::autograd::present(inputs[{j}])" if inputs[k].optional else f"inputs[{j}]"
+                      for j, k in enumerate(inputs_kept, start=len(outputs_kept))]
+        math = "math_from_kept" if outputs_kept else "math_in_aten"
+        returned = [f"left_out[{left_out.index(i.name)}]" if i.name in left_out
+                    else f"gradients[{len(outputs_kept) + inputs_kept.index(k)}]" for k, i in enumerate(inputs)]
         lines += ["    if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own",
                   f"      const torch::autograd::variable_list inputs = avo::autograd::aliases({{{', '.join(tensors)}}});",
-                  "      const torch::autograd::variable_list kept = avo::autograd::differentiable_gradients(",
-                  f"          math_from_kept({', '.join(math_args + saved_attrs)}), inputs, grads, 0);",
-                  f"      const std::vector<at::Tensor> left_out = left_out_gradients({', '.join([kept_grads] + saved_attrs)});",
-                  f"      return {{{', '.join(returned + ['at::Tensor()'] * len(attrs))}}};",
-                  "    }"]
+                  "      const torch::autograd::variable_list gradients = avo::autograd::differentiable_gradients(",
+                  f"          {math}({', '.join(math_args + saved_attrs)}), inputs, grads);"]
+        if left_out:
+            kept_grads = [f"gradients[{j}]" for j in range(len(outputs_kept))]
+            lines.append(f"      const std::vector<at::Tensor> left_out = left_out_gradients({', '.join(kept_grads + saved_attrs)});")
+        lines += [f"      return {{{', '.join(returned + ['at::Tensor()'] * len(attrs))}}};", "    }"]
     gradients = f"backward_op().call({', '.join(call)})"
     if len(bwd.outputs) == 1:
         lines.append(f"    const torch::autograd::variable_list gradients = {{{gradients}}};")
@@ -280,11 +268,10 @@ def emit_autograd(schedules: list[OpSchedule], namespace: str = "avo") -> str:
              "// With create_graph=True: the gradients of `inputs` (the op's tensor inputs, undefined",
              "// where the call left one out) for `grads` of the outputs of math_in_aten, which torch",
              "// differentiates with a graph of their own, so that they can be differentiated again",
-             "// (a double backward, a gradient penalty); none for the `attributes`.",
+             "// (a double backward, a gradient penalty).",
              "inline torch::autograd::variable_list differentiable_gradients(const std::vector<at::Tensor>& math,",
              "                                                              const torch::autograd::variable_list& inputs,",
-             "                                                              const torch::autograd::variable_list& grads,",
-             "                                                              size_t attributes) {",
+             "                                                              const torch::autograd::variable_list& grads) {",
              "  torch::autograd::variable_list outputs, output_grads, wanted;",
              "  for (size_t k = 0; k < math.size(); ++k) {",
              "    if (!grads[k].defined() || !math[k].defined() || !math[k].requires_grad()) continue;",
@@ -299,7 +286,7 @@ def emit_autograd(schedules: list[OpSchedule], namespace: str = "avo") -> str:
              "      positions.push_back(k);",
              "    }",
              "  }",
-             "  torch::autograd::variable_list gradients(inputs.size() + attributes);",
+             "  torch::autograd::variable_list gradients(inputs.size());",
              "  if (outputs.empty() || wanted.empty()) return gradients;",
              "  const auto found = torch::autograd::grad(outputs, wanted, output_grads, /*retain_graph=*/true,",
              "                                           /*create_graph=*/true, /*allow_unused=*/true);",

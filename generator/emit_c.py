@@ -23,6 +23,12 @@ ATOM = 5
 SMALL_POWERS = (-1.0, 2.0, 3.0, 4.0)  # printed as products or a reciprocal
 
 
+def needs_parentheses(child_prec: int, parent_prec: int, right: bool) -> bool:
+    """Whether an operand printed inline needs parentheses under its parent: it binds less
+    tightly, or as tightly on the right (which keeps the spec's order: a - (b - c))."""
+    return child_prec < parent_prec or (child_prec == parent_prec and right)
+
+
 def float_literal(value: float) -> str:
     text = repr(float(value))
     if "e" not in text and "." not in text:
@@ -185,9 +191,7 @@ class StatementPrinter:
             child_prec = ATOM  # printed as a call
         if child.op == "pow" and child.args[1].is_const and child.args[1].value in SMALL_POWERS:
             child_prec = PRECEDENCE["mul"]  # printed as a product or quotient
-        parent_prec = PRECEDENCE[parent_op]
-        # Same precedence on the right keeps the spec's evaluation order: a - (b - c).
-        needs = child_prec < parent_prec or (child_prec == parent_prec and right)
+        needs = needs_parentheses(child_prec, PRECEDENCE[parent_op], right)
         if parent_op == "where":
             needs = child_prec <= PRECEDENCE["where"]
         return f"({text})" if needs else text

@@ -86,11 +86,10 @@ inline torch::autograd::variable_list aliases(const torch::autograd::variable_li
 // With create_graph=True: the gradients of `inputs` (the op's tensor inputs, undefined
 // where the call left one out) for `grads` of the outputs of math_in_aten, which torch
 // differentiates with a graph of their own, so that they can be differentiated again
-// (a double backward, a gradient penalty); none for the `attributes`.
+// (a double backward, a gradient penalty).
 inline torch::autograd::variable_list differentiable_gradients(const std::vector<at::Tensor>& math,
                                                               const torch::autograd::variable_list& inputs,
-                                                              const torch::autograd::variable_list& grads,
-                                                              size_t attributes) {
+                                                              const torch::autograd::variable_list& grads) {
   torch::autograd::variable_list outputs, output_grads, wanted;
   for (size_t k = 0; k < math.size(); ++k) {
     if (!grads[k].defined() || !math[k].defined() || !math[k].requires_grad()) continue;
@@ -105,7 +104,7 @@ inline torch::autograd::variable_list differentiable_gradients(const std::vector
       positions.push_back(k);
     }
   }
-  torch::autograd::variable_list gradients(inputs.size() + attributes);
+  torch::autograd::variable_list gradients(inputs.size());
   if (outputs.empty() || wanted.empty()) return gradients;
   const auto found = torch::autograd::grad(outputs, wanted, output_grads, /*retain_graph=*/true,
                                            /*create_graph=*/true, /*allow_unused=*/true);
@@ -208,10 +207,10 @@ class Function : public torch::autograd::Function<Function> {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
       const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[2], saved[3], saved[4]});
-      const torch::autograd::variable_list kept = avo::autograd::differentiable_gradients(
-          math_from_kept(inputs[0], avo::autograd::present(inputs[1]), avo::autograd::present(inputs[2]), ctx->saved_data["eps"].toDouble()), inputs, grads, 0);
-      const std::vector<at::Tensor> left_out = left_out_gradients(kept[0], ctx->saved_data["eps"].toDouble());
-      return {left_out[0], left_out[1], kept[1], kept[2], at::Tensor()};
+      const torch::autograd::variable_list gradients = avo::autograd::differentiable_gradients(
+          math_from_kept(inputs[0], avo::autograd::present(inputs[1]), avo::autograd::present(inputs[2]), ctx->saved_data["eps"].toDouble()), inputs, grads);
+      const std::vector<at::Tensor> left_out = left_out_gradients(gradients[0], ctx->saved_data["eps"].toDouble());
+      return {left_out[0], left_out[1], gradients[1], gradients[2], at::Tensor()};
     }
     const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], grads[1], saved[0], saved[1], saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), ctx->saved_data["eps"].toDouble()));
     return {gradients[0], gradients[0], avo::autograd::sum_to_input(gradients[1], saved[3]), avo::autograd::sum_to_input(gradients[2], saved[4]), at::Tensor()};
@@ -331,10 +330,10 @@ class Function : public torch::autograd::Function<Function> {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
       const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[1], saved[2]});
-      const torch::autograd::variable_list kept = avo::autograd::differentiable_gradients(
-          math_from_kept(inputs[0], avo::autograd::present(inputs[1]), ctx->saved_data["eps"].toDouble()), inputs, grads, 0);
-      const std::vector<at::Tensor> left_out = left_out_gradients(kept[0], ctx->saved_data["eps"].toDouble());
-      return {left_out[0], left_out[1], kept[1], at::Tensor()};
+      const torch::autograd::variable_list gradients = avo::autograd::differentiable_gradients(
+          math_from_kept(inputs[0], avo::autograd::present(inputs[1]), ctx->saved_data["eps"].toDouble()), inputs, grads);
+      const std::vector<at::Tensor> left_out = left_out_gradients(gradients[0], ctx->saved_data["eps"].toDouble());
+      return {left_out[0], left_out[1], gradients[1], at::Tensor()};
     }
     const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], grads[1], saved[0], saved[1], avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble()));
     return {gradients[0], gradients[0], avo::autograd::sum_to_input(gradients[1], saved[2]), at::Tensor()};
@@ -448,8 +447,9 @@ class Function : public torch::autograd::Function<Function> {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
       const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[2], saved[3], saved[4]});
-      return avo::autograd::differentiable_gradients(math_in_aten(inputs[0], avo::autograd::present(inputs[1]), avo::autograd::present(inputs[2]), ctx->saved_data["eps"].toDouble(), ctx->saved_data["swish"].toBool()),
-                                                     inputs, grads, 2);
+      const torch::autograd::variable_list gradients = avo::autograd::differentiable_gradients(
+          math_in_aten(inputs[0], avo::autograd::present(inputs[1]), avo::autograd::present(inputs[2]), ctx->saved_data["eps"].toDouble(), ctx->saved_data["swish"].toBool()), inputs, grads);
+      return {gradients[0], gradients[1], gradients[2], at::Tensor(), at::Tensor()};
     }
     const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], saved[1], saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), ctx->saved_data["eps"].toDouble(), ctx->saved_data["swish"].toBool()));
     return {avo::autograd::sum_to_input(gradients[0], saved[2]), avo::autograd::sum_to_input(gradients[1], saved[3]), avo::autograd::sum_to_input(gradients[2], saved[4]), at::Tensor(), at::Tensor()};
@@ -547,8 +547,9 @@ class Function : public torch::autograd::Function<Function> {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
       const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[0]});
-      return avo::autograd::differentiable_gradients(math_in_aten(inputs[0], ctx->saved_data["approximate"].toStringRef()),
-                                                     inputs, grads, 1);
+      const torch::autograd::variable_list gradients = avo::autograd::differentiable_gradients(
+          math_in_aten(inputs[0], ctx->saved_data["approximate"].toStringRef()), inputs, grads);
+      return {gradients[0], at::Tensor()};
     }
     const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[0], ctx->saved_data["approximate"].toStringRef())};
     return {avo::autograd::sum_to_input(gradients[0], saved[0]), at::Tensor()};
@@ -641,8 +642,9 @@ class Function : public torch::autograd::Function<Function> {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
       const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[2], saved[3], saved[4]});
-      return avo::autograd::differentiable_gradients(math_in_aten(inputs[0], avo::autograd::present(inputs[1]), avo::autograd::present(inputs[2]), ctx->saved_data["eps"].toDouble()),
-                                                     inputs, grads, 1);
+      const torch::autograd::variable_list gradients = avo::autograd::differentiable_gradients(
+          math_in_aten(inputs[0], avo::autograd::present(inputs[1]), avo::autograd::present(inputs[2]), ctx->saved_data["eps"].toDouble()), inputs, grads);
+      return {gradients[0], gradients[1], gradients[2], at::Tensor()};
     }
     const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], saved[1], saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), ctx->saved_data["eps"].toDouble()));
     return {avo::autograd::sum_to_input(gradients[0], saved[2]), avo::autograd::sum_to_input(gradients[1], saved[3]), avo::autograd::sum_to_input(gradients[2], saved[4]), at::Tensor()};
@@ -740,8 +742,9 @@ class Function : public torch::autograd::Function<Function> {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
       const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[2]});
-      return avo::autograd::differentiable_gradients(math_in_aten(inputs[0]),
-                                                     inputs, grads, 0);
+      const torch::autograd::variable_list gradients = avo::autograd::differentiable_gradients(
+          math_in_aten(inputs[0]), inputs, grads);
+      return {gradients[0]};
     }
     const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[0], saved[1], saved[2])};
     return {avo::autograd::sum_to_input(gradients[0], saved[2])};
@@ -841,8 +844,9 @@ class Function : public torch::autograd::Function<Function> {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
       const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[1], saved[2]});
-      return avo::autograd::differentiable_gradients(math_in_aten(inputs[0], avo::autograd::present(inputs[1]), ctx->saved_data["eps"].toDouble()),
-                                                     inputs, grads, 1);
+      const torch::autograd::variable_list gradients = avo::autograd::differentiable_gradients(
+          math_in_aten(inputs[0], avo::autograd::present(inputs[1]), ctx->saved_data["eps"].toDouble()), inputs, grads);
+      return {gradients[0], gradients[1], at::Tensor()};
     }
     const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], saved[1], avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble()));
     return {avo::autograd::sum_to_input(gradients[0], saved[1]), avo::autograd::sum_to_input(gradients[1], saved[2]), at::Tensor()};
@@ -932,8 +936,9 @@ class Function : public torch::autograd::Function<Function> {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
       const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[0]});
-      return avo::autograd::differentiable_gradients(math_in_aten(inputs[0]),
-                                                     inputs, grads, 0);
+      const torch::autograd::variable_list gradients = avo::autograd::differentiable_gradients(
+          math_in_aten(inputs[0]), inputs, grads);
+      return {gradients[0]};
     }
     const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[0])};
     return {avo::autograd::sum_to_input(gradients[0], saved[0])};
@@ -1021,8 +1026,9 @@ class Function : public torch::autograd::Function<Function> {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
       const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[2]});
-      return avo::autograd::differentiable_gradients(math_in_aten(inputs[0]),
-                                                     inputs, grads, 0);
+      const torch::autograd::variable_list gradients = avo::autograd::differentiable_gradients(
+          math_in_aten(inputs[0]), inputs, grads);
+      return {gradients[0]};
     }
     const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[0], saved[1], saved[2])};
     return {avo::autograd::sum_to_input(gradients[0], saved[2])};
@@ -1126,8 +1132,9 @@ class Function : public torch::autograd::Function<Function> {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
       const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[2], saved[3], saved[4]});
-      return avo::autograd::differentiable_gradients(math_in_aten(inputs[0], avo::autograd::present(inputs[1]), avo::autograd::present(inputs[2]), ctx->saved_data["eps"].toDouble()),
-                                                     inputs, grads, 1);
+      const torch::autograd::variable_list gradients = avo::autograd::differentiable_gradients(
+          math_in_aten(inputs[0], avo::autograd::present(inputs[1]), avo::autograd::present(inputs[2]), ctx->saved_data["eps"].toDouble()), inputs, grads);
+      return {gradients[0], gradients[1], gradients[2], at::Tensor()};
     }
     const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], saved[1], saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), ctx->saved_data["eps"].toDouble()));
     return {avo::autograd::sum_to_input(gradients[0], saved[2]), avo::autograd::sum_to_input(gradients[1], saved[3]), avo::autograd::sum_to_input(gradients[2], saved[4]), at::Tensor()};
