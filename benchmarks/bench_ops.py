@@ -97,7 +97,7 @@ QUICK_SHAPES = ["16384x4096"]
 QUICK_OPS = ["gelu", "silu", "layernorm", "rmsnorm", "softmax"]
 QUICK_DTYPES = ["bf16", "fp32"]
 # The row-kernel versions a run can force (avo_ops._C.set_row_version; besides "auto").
-ROW_VERSIONS = ("register", "pipelined", "wide", "staged", "cluster", "global", "tiled")
+ROW_VERSIONS = ("register", "pipelined", "wide", "narrow", "staged", "cluster", "global", "tiled")
 DEFAULT_REPS = 50        # the median of 50 is stable to well under 1% on these sizes
 COPY_SIZES_MIB = [512, 2048]
 FALLBACK_L2_BYTES = 64 << 20

@@ -10,7 +10,8 @@ dtype (float16, bfloat16, float32) and row length N (powers of two from 256 to 2
 many rows as fit in --elements elements), it times torch.ops.avo.<op>[_backward] with
 every call forced onto each version in turn: register, pipelined (the register version
 loading the next row ahead), wide (the register version on wide rows: groups of 512
-threads holding twice the vectors), staged, cluster, global, and for backwards tiled
+threads holding twice the vectors), narrow (the register version on narrow rows: twice
+the threads holding half the vectors), staged, cluster, global, and for backwards tiled
 (avo_ops._C.set_row_version). A call that cannot take the forced version (the row does
 not fit it) takes the table's choice; avo_ops._C.last_row_version tells, and such a run
 is not recorded as that version's time. Timing is bench_ops.py's: CUDA events, median of
@@ -22,16 +23,17 @@ which a version is faster by more than --margin at that length and no slower by 
 is none. The tolerance is wider than the margin because two runs of one kernel differed by
 up to 1.7% on the H200. Each version is compared with the fastest of those the dispatch
 would otherwise take (pick_row_version in csrc/include/avo/row_cuda.cuh tries tiled,
-global, cluster, staged, then wide, pipelined or register):
-  - staged_min_vectors: staged against register, pipelined and wide, over N up to 32768
-    (beyond, none of them fits);
-  - global_min_vectors: global against register, pipelined, wide, staged and cluster;
+global, cluster, staged, then narrow, wide, pipelined or register):
+  - staged_min_vectors: staged against register, pipelined, wide and narrow, over N up to
+    32768 (beyond, none of them fits);
+  - global_min_vectors: global against register, pipelined, wide, narrow, staged and
+    cluster;
   - pipelined_min_vectors: pipelined against register, over N up to 32768;
-  - tiled_min_vectors: tiled against register, pipelined, wide, staged, cluster and
-    global;
-  - cluster_min_vectors: cluster against register, pipelined, wide and staged, over N up
-    to 32768 (beyond, only the cluster and global versions fit, and the global table
-    decides);
+  - tiled_min_vectors: tiled against register, pipelined, wide, narrow, staged, cluster
+    and global;
+  - cluster_min_vectors: cluster against register, pipelined, wide, narrow and staged,
+    over N up to 32768 (beyond, only the cluster and global versions fit, and the global
+    table decides);
   - wide_min_vectors: wide against register and pipelined, over N up to 32768 (rows that
     only the wide version holds in registers take it without a threshold).
 A seventh, coarse_chunks_min_vectors, times each backward with per-column sums on the
@@ -40,6 +42,10 @@ rows_per_chunk in csrc/include/avo/row_args.h) and compares coarse against fine,
 lengths where the two differ (avo_ops._C.last_rows_per_chunk): with the default
 --elements, rows of 16384 elements (the shorter ones have 32 rows a chunk either way,
 the longer ones take the long rows' chunks).
+An eighth, narrow_max_vectors, is the other way round: the longest row up to which
+narrow is faster than the fastest of register, pipelined and wide by more than --margin
+there and no slower by more than --tolerance at every shorter one, over N up to 32768
+(the kernels with per-column sums have no narrow rows: never).
 Forwards are not timed tiled: the tiled version takes only backwards with per-column
 sums. A run that took another version (a backward of two per-element inputs of four
 vectors a thread cannot pipeline) is dropped because, kept, it would time the table's
@@ -76,6 +82,7 @@ import bench_ops  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from generator.build import load_schedules  # noqa: E402
+from generator.tuning import UP_TO_TABLES  # noqa: E402
 
 # The ops whose kernels are row kernels, from their specs.
 ROW_OPS = [s.spec.name for s in load_schedules(ROOT, os.path.join(ROOT, "specs")) if s.pattern == "row"]
@@ -87,13 +94,18 @@ STAGED_MAX_LENGTH = 32768  # the longest row of one input the staged version hol
 VERSIONS = bench_ops.ROW_VERSIONS
 # The versions each table compares: the last one against the fastest of the others that
 # a measurement has (forwards have no tiled time, some backwards no pipelined one).
-TABLE_VERSIONS = {"staged_min_vectors": ("register", "pipelined", "wide", "staged"),
-                  "global_min_vectors": ("register", "pipelined", "wide", "staged", "cluster", "global"),
+TABLE_VERSIONS = {"staged_min_vectors": ("register", "pipelined", "wide", "narrow", "staged"),
+                  "global_min_vectors": ("register", "pipelined", "wide", "narrow", "staged", "cluster", "global"),
                   "pipelined_min_vectors": ("register", "pipelined"),
-                  "tiled_min_vectors": ("register", "pipelined", "wide", "staged", "cluster", "global", "tiled"),
-                  "cluster_min_vectors": ("register", "pipelined", "wide", "staged", "cluster"),
+                  "tiled_min_vectors": ("register", "pipelined", "wide", "narrow", "staged", "cluster", "global",
+                                        "tiled"),
+                  "cluster_min_vectors": ("register", "pipelined", "wide", "narrow", "staged", "cluster"),
                   "wide_min_vectors": ("register", "pipelined", "wide"),
-                  "coarse_chunks_min_vectors": ("fine_chunks", "coarse_chunks")}
+                  "coarse_chunks_min_vectors": ("fine_chunks", "coarse_chunks"),
+                  "narrow_max_vectors": ("register", "pipelined", "wide", "narrow")}
+# A table's name on the command line: "staged" for staged_min_vectors, "narrow" for
+# narrow_max_vectors.
+TABLE_NAMES = {t.removesuffix("_min_vectors").removesuffix("_max_vectors"): t for t in TABLE_VERSIONS}
 # The table of the chunks of rows, and its two timings (named like versions).
 CHUNK_TABLE = "coarse_chunks_min_vectors"
 CHUNK_SIZES = ("fine", "coarse")
@@ -101,7 +113,8 @@ CHUNK_SIZES = ("fine", "coarse")
 UNTIMED = {"fwd": ("tiled", "fine_chunks", "coarse_chunks"), "bwd": ()}
 # The tables compared on rows of up to STAGED_MAX_LENGTH only: beyond, only the last
 # version of the table (or none of them) fits.
-SHORT_ROW_TABLES = ("staged_min_vectors", "pipelined_min_vectors", "cluster_min_vectors", "wide_min_vectors")
+SHORT_ROW_TABLES = ("staged_min_vectors", "pipelined_min_vectors", "cluster_min_vectors", "wide_min_vectors",
+                    "narrow_max_vectors")
 
 
 def time_version(avo_ops, case, shape, dtype, version: str, timer: bench_ops.Timer) -> float | None:
@@ -141,7 +154,8 @@ def time_chunk_sizes(avo_ops, case, shape, dtype, timer: bench_ops.Timer) -> dic
 def threshold(points: list[tuple[int, float, float]], margin: float, tolerance: float) -> int | None:
     """points: (vectors, incumbent us, challenger us) by increasing length. The shortest
     length from which the challenger wins by more than `margin` there and loses by no
-    more than `tolerance` at every longer length; None if no length qualifies."""
+    more than `tolerance` at every longer length; None if no length qualifies. Given
+    by decreasing length, the longest up to which it does so at every shorter one."""
     best = None
     for i, (vectors, incumbent, challenger) in enumerate(points):
         if challenger < incumbent * (1 - margin) and all(c <= n * (1 + tolerance) for _, n, c in points[i:]):
@@ -177,7 +191,7 @@ def thresholds(measurements: list[dict], tables: list[str], margin: float, toler
             challenger_us = timed_us(m, challenger)
             if incumbent and challenger_us is not None:
                 points.append((m["vectors"], min(incumbent), challenger_us))
-        found[table] = threshold(points, margin, tolerance)
+        found[table] = threshold(points[::-1] if table in UP_TO_TABLES else points, margin, tolerance)
     return found
 
 
@@ -248,9 +262,9 @@ def main(argv=None) -> int:
         p.error(f"kernels: {', '.join(ROLES.values())}")
     directions = [d for d, role in ROLES.items() if role in kernels]
     table_names = [t.strip() for t in args.tables.split(",") if t.strip()]
-    table_names = [t if t.endswith("_min_vectors") else f"{t}_min_vectors" for t in table_names]
+    table_names = [TABLE_NAMES.get(t, t) for t in table_names]
     if set(table_names) - set(TABLE_VERSIONS):
-        p.error(f"tables: {', '.join(t.removesuffix('_min_vectors') for t in TABLE_VERSIONS)}")
+        p.error(f"tables: {', '.join(TABLE_NAMES)}")
     if args.recompute:
         return recompute(args.recompute, table_names, args.margin, args.tolerance, args.out)
     versions = [v for v in VERSIONS if any(v in TABLE_VERSIONS[t] for t in table_names)]
@@ -301,14 +315,16 @@ def main(argv=None) -> int:
 
 def rule_text(margin: float, tolerance: float) -> str:
     """The rule of thresholds(), as the tuning file states it."""
-    parts = []
+    parts = {False: [], True: []}
     for table, (*incumbents, challenger) in TABLE_VERSIONS.items():
         rows = f" (N <= {STAGED_MAX_LENGTH})" if table in SHORT_ROW_TABLES else ""
         against = incumbents[0] if len(incumbents) == 1 else \
             f"the fastest of {', '.join(incumbents[:-1])} and {incumbents[-1]} that were timed"
-        parts.append(f"{challenger} against {against}{rows}")
+        parts[table in UP_TO_TABLES].append(f"{challenger} against {against}{rows}")
     return (f"each version from the shortest row where it is faster than the others by more than {margin:.0%} "
-            f"and slower by no more than {tolerance:.0%} at every longer row: " + "; ".join(parts) + "; null: never")
+            f"and slower by no more than {tolerance:.0%} at every longer row: " + "; ".join(parts[False])
+            + "; and up to the longest row where it is faster by more than that and slower by no more than that "
+            "at every shorter row: " + "; ".join(parts[True]) + "; null: never")
 
 
 def recompute(path: str, tables: list[str], margin: float, tolerance: float, out: str | None = None) -> int:

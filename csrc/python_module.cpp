@@ -55,13 +55,14 @@ const struct {
                  {"register", avo::RowVersion::kRegister},
                  {"pipelined", avo::RowVersion::kPipelined},
                  {"wide", avo::RowVersion::kWide},
+                 {"narrow", avo::RowVersion::kNarrow},
                  {"staged", avo::RowVersion::kStaged},
                  {"cluster", avo::RowVersion::kCluster},
                  {"global", avo::RowVersion::kGlobal},
                  {"tiled", avo::RowVersion::kTiled}};
 
-// set_row_version(name): "auto", "register", "pipelined", "wide", "staged", "cluster", "global" or
-// "tiled".
+// set_row_version(name): "auto", "register", "pipelined", "wide", "narrow", "staged", "cluster",
+// "global" or "tiled".
 PyObject* set_row_version(PyObject*, PyObject* arg) {
   const char* name = str_argument("set_row_version", arg);
   if (name == nullptr) return nullptr;
@@ -72,7 +73,7 @@ PyObject* set_row_version(PyObject*, PyObject* arg) {
     }
   }
   PyErr_Format(PyExc_ValueError,
-               "set_row_version: unknown version '%s'; expected 'auto', 'register', 'pipelined', 'wide', 'staged', 'cluster', 'global' or 'tiled'",
+               "set_row_version: unknown version '%s'; expected 'auto', 'register', 'pipelined', 'wide', 'narrow', 'staged', 'cluster', 'global' or 'tiled'",
                name);
   return nullptr;
 }
@@ -166,7 +167,7 @@ PyMethodDef methods[] = {
      "How many threads the CPU kernels run on now: torch.get_num_threads(), or 1 where the extension was built "
      "without torch's parallel backend. For tests."},
     {"set_row_version", set_row_version, METH_O,
-     "Makes every CUDA row-op call take one kernel version ('register', 'pipelined', 'wide', 'staged', 'cluster', "
+     "Makes every CUDA row-op call take one kernel version ('register', 'pipelined', 'wide', 'narrow', 'staged', 'cluster', "
      "'global', 'tiled') where it can, or the dispatch table's choice ('auto'). For tests and benchmarks."},
     {"last_row_version", last_row_version, METH_NOARGS,
      "The version the last CUDA row-op call took ('auto' before any). For tests and benchmarks."},

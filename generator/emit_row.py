@@ -36,7 +36,7 @@ from .emit_kernels import bitmask, entry_points, enum_name, header_comment, laun
 from .ir import (REDUCTION_OPS, Graph, Node, const, linear_parts, make, reduce, reduction_depth, rewrite_bottom_up,
                  rewrite_node, topological_order, with_args)
 from .schedule import OpSchedule, RowKernel, Specialization
-from .tuning import DTYPES as TUNING_DTYPES, TABLES as TUNING_TABLES, ArchTuning
+from .tuning import DTYPES as TUNING_DTYPES, TABLES as TUNING_TABLES, UP_TO_TABLES, ArchTuning
 
 REDUCE_CALL = {"rsum": "sum", "rmax": "max", "rmin": "min"}
 # Operations that cost many instructions per element (libm calls, special-function units):
@@ -681,15 +681,16 @@ def _dispatch_table(s: OpSchedule, tunings: list[ArchTuning]) -> list[str]:
         "// call): rows of 16-byte vectors take GlobalRow from the length in vectors of the",
         "// \"global\" line on, else the cluster version from that of the \"cluster\" line on",
         "// (where it fits), else StagedRow from that of the \"staged\" line on (where it",
-        "// fits), RegisterRow below it (where it fits; on wide rows from the length of the",
-        "// \"wide\" line on and where only they fit, else pipelined from that of the",
-        "// \"pipelined\" line on, where the kernel can be), the cluster version or GlobalRow",
-        "// otherwise; before all of them, the tiled version from the length of the \"tiled\"",
-        "// line on (a backward with per-column sums, where it can be); \"never\": only where",
-        "// no other version fits. A backward with per-column sums takes coarse chunks of rows",
-        "// (avo::rows_per_chunk) from the length of the \"coarse\" line on. Measured by",
-        "// benchmarks/tune_rows.py (tuning/sm_<arch>.json).",
-        f"//   | {'kernel':8} | {'GPU':{width}} | {'from':9} | " + " | ".join(f"{d:>8}" for d in TUNING_DTYPES) + " |",
+        "// fits), RegisterRow below it (where it fits; on narrow rows up to the length of",
+        "// the \"narrow\" line, else on wide rows from that of the \"wide\" line on and where",
+        "// only they fit, else pipelined from that of the \"pipelined\" line on, where the",
+        "// kernel can be), the cluster version or GlobalRow otherwise; before all of",
+        "// them, the tiled version from the length of the \"tiled\" line on (a backward with",
+        "// per-column sums, where it can be); \"never\": only where no other version fits. A",
+        "// backward with per-column sums takes coarse chunks of rows (avo::rows_per_chunk)",
+        "// from the length of the \"coarse\" line on. Measured by benchmarks/tune_rows.py",
+        "// (tuning/sm_<arch>.json).",
+        f"//   | {'kernel':8} | {'GPU':{width}} | {'line':9} | " + " | ".join(f"{d:>8}" for d in TUNING_DTYPES) + " |",
     ]
     for kernel, rows in kernels:
         for gpu, _, tables in rows:
@@ -698,12 +699,13 @@ def _dispatch_table(s: OpSchedule, tunings: list[ArchTuning]) -> list[str]:
                 lines.append(f"//   | {kernel.role:8} | {gpu:{width}} | {version:9} | "
                              + " | ".join(f"{'never' if v is None else v:>8}" for v in tables[table]) + " |")
 
-    def array(values):
-        return "{" + ", ".join("avo::kNever" if v is None else str(v) for v in values) + "}"
+    def array(table, values):
+        never = "avo::kNeverUpTo" if table in UP_TO_TABLES else "avo::kNever"
+        return "{" + ", ".join(never if v is None else str(v) for v in values) + "}"
 
     for kernel, rows in kernels:
         lines.append(f"constexpr avo::RowTuning k{kernel.role.capitalize()}Tuning[] = {{")
-        lines += [f"    {{{arch}, {', '.join(array(tables[t]) for t in TUNING_TABLES)}}},"
+        lines += [f"    {{{arch}, {', '.join(array(t, tables[t]) for t in TUNING_TABLES)}}},"
                   for _, arch, tables in rows]
         lines.append("};")
     return lines + [""]

@@ -2,7 +2,7 @@
 tuning/ (tuning/sm_90.json), written by benchmarks/tune_rows.py on that GPU and read
 here at generation time, so that the thresholds land in the generated .cu sources.
 
-A file holds, besides how it was measured, seven tables. For each row op and kernel
+A file holds, besides how it was measured, eight tables. For each row op and kernel
 ("forward", "backward") and element type: the row length in 16-byte vectors from which
 the staged (shared-memory) version beats the register version, the one from which the
 global version beats every other, the one from which the register version pipelined
@@ -12,7 +12,9 @@ which the cluster version beats the register and staged versions on rows they ho
 and the one from which the register version on wide rows (groups of 512 threads holding
 twice the vectors) beats it pipelined and not; and for backwards with per-column sums,
 the one from which coarse chunks of rows (rows_per_chunk in avo/row_args.h) beat the fine
-ones; null where it never does. A file may
+ones; and for kernels without per-column sums, the longest row up to which the
+register version on narrow rows (twice the threads holding half the vectors) beats it
+pipelined, not and on wide rows; null where it never does. A file may
 leave out any table but "staged_min_vectors"; the version of a table it leaves out is
 never taken by choice:
 
@@ -32,7 +34,10 @@ from .errors import SpecError
 TUNING_DIR = "tuning"
 DTYPES = ("float16", "bfloat16", "float32")  # the order of the arrays of avo::RowTuning
 TABLES = ("staged_min_vectors", "global_min_vectors", "pipelined_min_vectors", "tiled_min_vectors",
-          "cluster_min_vectors", "wide_min_vectors", "coarse_chunks_min_vectors")  # avo::RowTuning's order
+          "cluster_min_vectors", "wide_min_vectors", "coarse_chunks_min_vectors",
+          "narrow_max_vectors")  # avo::RowTuning's order
+# The tables that give a version rows up to a length (the others: from a length on).
+UP_TO_TABLES = ("narrow_max_vectors",)
 ROLES = ("forward", "backward")
 
 

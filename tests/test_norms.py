@@ -387,7 +387,7 @@ def check_large_offset(op, tensors, dtype, offset):
 # the first value of many threads (the shift of their partial moments) lies far from the
 # row's mean, and each thread's squared deviations are large beside the variance.
 @needs_cuda
-@pytest.mark.parametrize("row_version", ["register", "pipelined", "wide", "staged", "cluster", "global", "auto"],
+@pytest.mark.parametrize("row_version", ["register", "pipelined", "wide", "narrow", "staged", "cluster", "global", "auto"],
                          indirect=True)
 @pytest.mark.parametrize("length", [1000, 4096, 65536], ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
@@ -404,7 +404,7 @@ def test_large_offset_on_every_kernel_version(name, dtype, length, row_version):
 # rising steadily, a row with a NaN, a row with +inf and a row of -inf only (NaN, as torch
 # gives them).
 @needs_cuda
-@pytest.mark.parametrize("row_version", ["register", "pipelined", "wide", "staged", "cluster", "global", "auto"],
+@pytest.mark.parametrize("row_version", ["register", "pipelined", "wide", "narrow", "staged", "cluster", "global", "auto"],
                          indirect=True)
 @pytest.mark.parametrize("length", [1000, 4096, 65536], ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
@@ -725,7 +725,8 @@ def row_version(request):
 
 
 @needs_cuda
-@pytest.mark.parametrize("row_version", ["register", "pipelined", "wide", "staged", "cluster", "global", "tiled", "auto"],
+@pytest.mark.parametrize("row_version", ["register", "pipelined", "wide", "narrow", "staged", "cluster", "global", "tiled",
+                                        "auto"],
                          indirect=True)
 @pytest.mark.parametrize("shape", VERSION_SHAPES, ids=str)
 @pytest.mark.parametrize("name", ALL)
@@ -865,13 +866,36 @@ def test_last_row_version_names_the_version_a_call_took():
     x = torch.randn(8, 1024, device="cuda")
     long_rows = torch.randn(2, 65536, device="cuda")
     try:
-        for version in ("register", "staged", "global"):
+        for version in ("register", "narrow", "staged", "global"):
             avo_ops._C.set_row_version(version)
             torch.ops.avo.softmax(x)
             assert avo_ops._C.last_row_version() == version
         avo_ops._C.set_row_version("register")
         torch.ops.avo.softmax(long_rows)
         assert avo_ops._C.last_row_version() not in ("register", "auto")
+    finally:
+        avo_ops._C.set_row_version("auto")
+
+
+@needs_cuda
+def test_narrow_rows_take_only_calls_without_per_column_sums_on_whole_vectors():
+    """The narrow version (half the vectors a thread) is the register version for maths
+    without per-column sums, on rows of 16-byte vectors: forced onto it, a forward takes
+    it; a backward that sums the weight's gradient, a row of 1001 elements (single
+    elements, not vectors) and a row of 16384 fp32 elements (4096 vectors: more than
+    1024 threads of 2) take another version, and every result matches float64."""
+    op = OPS["rmsnorm"]
+    try:
+        avo_ops._C.set_row_version("narrow")
+        tensors = make_inputs(op, (64, 1024), torch.float32, "cuda")
+        check_values(op, tensors, torch.float32)
+        assert avo_ops._C.last_row_version() == "narrow"
+        check_gradients(op, tensors, torch.float32, op.op)
+        assert avo_ops._C.last_row_version() != "narrow"
+        for shape in [(64, 1001), (4, 16384)]:
+            tensors = make_inputs(op, shape, torch.float32, "cuda")
+            check_values(op, tensors, torch.float32, rtol=1e-4)
+            assert avo_ops._C.last_row_version() not in ("narrow", "auto")
     finally:
         avo_ops._C.set_row_version("auto")
 

@@ -45,7 +45,10 @@ def test_without_tuning_files_every_gpu_gets_the_default(tmp_path):
     assert "//   | forward  | any other GPU | wide      |    never |    never |    never |" in cu
     never = "{avo::kNever, avo::kNever, avo::kNever}"
     assert "//   | backward | any other GPU | coarse    |    never |    never |    never |" in cu
-    assert f"{{0, {never}, {never}, {never}, {never}, {never}, {never}, {never}}}," in cu
+    assert "//   | forward  | any other GPU | narrow    |    never |    never |    never |" in cu
+    # the narrow line gives rows up to a length: never is 0 vectors there
+    never_up_to = "{avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}"
+    assert f"{{0, {never}, {never}, {never}, {never}, {never}, {never}, {never}, {never_up_to}}}," in cu
     assert "(args, ForwardMath{}, kForwardTuning, stream)" in cu and "kBackwardTuning, stream)" in cu
 
 
@@ -58,7 +61,8 @@ def test_a_tuning_file_sets_the_thresholds_of_its_arch(tmp_path):
               "tiled_min_vectors": {"softmax": {"backward": {"float16": 2048}}},
               "cluster_min_vectors": {"softmax": {"backward": {"bfloat16": 1024}}},
               "wide_min_vectors": {"softmax": {"forward": {"float32": 2048}}},
-              "coarse_chunks_min_vectors": {"softmax": {"backward": {"float16": 2048}}}}
+              "coarse_chunks_min_vectors": {"softmax": {"backward": {"float16": 2048}}},
+              "narrow_max_vectors": {"softmax": {"forward": {"float16": 64, "bfloat16": 32}}}}
     cu = _softmax_cu(_tree(tmp_path, tuning))
     assert "//   | forward  | sm_90 (NVIDIA H200) | staged    |      512 |    never |     2048 |" in cu
     assert "//   | forward  | sm_90 (NVIDIA H200) | global    |    never |    never |     4096 |" in cu
@@ -72,19 +76,24 @@ def test_a_tuning_file_sets_the_thresholds_of_its_arch(tmp_path):
     assert "//   | forward  | sm_90 (NVIDIA H200) | wide      |    never |    never |     2048 |" in cu
     assert "//   | backward | sm_90 (NVIDIA H200) | wide      |    never |    never |    never |" in cu
     assert "//   | backward | sm_90 (NVIDIA H200) | coarse    |     2048 |    never |    never |" in cu
+    assert "//   | forward  | sm_90 (NVIDIA H200) | narrow    |       64 |       32 |    never |" in cu
+    assert "//   | backward | sm_90 (NVIDIA H200) | narrow    |    never |    never |    never |" in cu
     forward = cu[cu.index("kForwardTuning[] = {"):]
     never = "{avo::kNever, avo::kNever, avo::kNever}"
+    never_up_to = "{avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}"
     assert forward.splitlines()[1].strip() == (
         "{90, {512, avo::kNever, 2048}, {avo::kNever, avo::kNever, 4096}, {avo::kNever, 256, avo::kNever}, "
-        f"{never}, {never}, " + "{avo::kNever, avo::kNever, 2048}, " + f"{never}}},")
-    assert forward.splitlines()[2].strip() == f"{{0, {never}, {never}, {never}, {never}, {never}, {never}, {never}}},"
+        f"{never}, {never}, " + "{avo::kNever, avo::kNever, 2048}, " + f"{never}, " + "{64, 32, avo::kNeverUpTo}},")
+    assert forward.splitlines()[2].strip() == (
+        f"{{0, {never}, {never}, {never}, {never}, {never}, {never}, {never}, {never_up_to}}},")
     backward = cu[cu.index("kBackwardTuning[] = {"):]
     assert backward.splitlines()[1].strip() == (
         "{90, {avo::kNever, avo::kNever, 1024}, " + f"{never}, {never}, " + "{2048, avo::kNever, avo::kNever}, "
-        "{avo::kNever, 1024, avo::kNever}, " + f"{never}, " + "{2048, avo::kNever, avo::kNever}},")
+        "{avo::kNever, 1024, avo::kNever}, " + f"{never}, " + "{2048, avo::kNever, avo::kNever}, "
+        f"{never_up_to}}},")
 
 
-def test_a_tuning_file_without_global_pipelined_tiled_cluster_wide_or_coarse_tables_never_picks_them(tmp_path):
+def test_a_tuning_file_without_global_pipelined_tiled_cluster_wide_coarse_or_narrow_tables_never_picks_them(tmp_path):
     tuning = {"arch": 90, "gpu": "NVIDIA H200", "staged_min_vectors": {"softmax": {"forward": {"float16": 512}}}}
     cu = _softmax_cu(_tree(tmp_path, tuning))
     assert "//   | forward  | sm_90 (NVIDIA H200) | global    |    never |    never |    never |" in cu
@@ -93,6 +102,8 @@ def test_a_tuning_file_without_global_pipelined_tiled_cluster_wide_or_coarse_tab
     assert "//   | backward | sm_90 (NVIDIA H200) | cluster   |    never |    never |    never |" in cu
     assert "//   | forward  | sm_90 (NVIDIA H200) | wide      |    never |    never |    never |" in cu
     assert "//   | backward | sm_90 (NVIDIA H200) | coarse    |    never |    never |    never |" in cu
+    assert "//   | forward  | sm_90 (NVIDIA H200) | narrow    |    never |    never |    never |" in cu
+    assert "{avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}}," in cu
 
 
 @pytest.mark.parametrize("content, name, phrase", [
@@ -184,6 +195,28 @@ def test_wide_threshold_is_against_register_and_pipelined_on_rows_registers_hold
         {"wide_min_vectors": None}
 
 
+def test_narrow_threshold_is_the_longest_row_up_to_which_narrow_wins_at_every_shorter_one():
+    from tune_rows import thresholds
+
+    def m(n, register, pipelined, wide, narrow):
+        times = {"register_us": register, "pipelined_us": pipelined, "wide_us": wide, "narrow_us": narrow}
+        return {"row_length": n, "vectors": n // 8, **{k: v for k, v in times.items() if v is not None}}
+
+    # narrow beats register by 3% at 256 and 2% at 1024; at 4096 pipelined is faster than
+    # narrow, at 8192 wide by 4% (more than the tolerance), so that narrow's win at 16384
+    # does not count; beyond 32768 no register row runs. Up to 1024 elements of 16 bits
+    # (128 vectors) narrow wins at every length.
+    points = [m(256, 10, 10.5, None, 9.7), m(1024, 10, 10.2, None, 9.8), m(4096, 10, 9.5, 10.4, 9.9),
+              m(8192, 10, 9.5, 9.4, 9.8), m(16384, 10, 9.5, 9.0, 8.5), m(65536, 20, 20, 20, 10)]
+    assert thresholds(points, ["narrow_max_vectors"], 0.01, 0.03) == {"narrow_max_vectors": 128}
+    # by no more than the margin at 1024: up to 256 only
+    points[1] = m(1024, 10, 10.2, None, 9.95)
+    assert thresholds(points, ["narrow_max_vectors"], 0.01, 0.03) == {"narrow_max_vectors": 32}
+    # a backward with per-column sums has no narrow time: never
+    assert thresholds([m(256, 10, 9, None, None), m(1024, 10, 9, None, None)], ["narrow_max_vectors"], 0.01,
+                      0.03) == {"narrow_max_vectors": None}
+
+
 def test_staged_threshold_is_against_register_and_pipelined():
     from tune_rows import thresholds
 
@@ -260,7 +293,8 @@ def test_recompute_takes_the_last_runs_measurements(tmp_path):
     assert out["pipelined_min_vectors"] == {"softmax": {"forward": {"float16": 1024}}}
     assert out["global_min_vectors"] == data["global_min_vectors"]  # not among --tables
     assert out["measurements"] == data["measurements"] and out["runs"] == data["runs"]
-    assert "staged against the fastest of register, pipelined and wide" in out["rule"]
+    assert "staged against the fastest of register, pipelined, wide and narrow" in out["rule"]
+    assert "up to the longest row" in out["rule"] and "narrow against the fastest of register" in out["rule"]
     # the last run timed no global version: asked for, its table keeps its values
     assert main(["--recompute", str(path), "--tables", "global"]) == 0
     assert json.loads(path.read_text())["global_min_vectors"] == data["global_min_vectors"]

@@ -12,15 +12,16 @@ namespace avo::ops::add_rmsnorm {
 // call): rows of 16-byte vectors take GlobalRow from the length in vectors of the
 // "global" line on, else the cluster version from that of the "cluster" line on
 // (where it fits), else StagedRow from that of the "staged" line on (where it
-// fits), RegisterRow below it (where it fits; on wide rows from the length of the
-// "wide" line on and where only they fit, else pipelined from that of the
-// "pipelined" line on, where the kernel can be), the cluster version or GlobalRow
-// otherwise; before all of them, the tiled version from the length of the "tiled"
-// line on (a backward with per-column sums, where it can be); "never": only where
-// no other version fits. A backward with per-column sums takes coarse chunks of rows
-// (avo::rows_per_chunk) from the length of the "coarse" line on. Measured by
-// benchmarks/tune_rows.py (tuning/sm_<arch>.json).
-//   | kernel   | GPU                 | from      |  float16 | bfloat16 |  float32 |
+// fits), RegisterRow below it (where it fits; on narrow rows up to the length of
+// the "narrow" line, else on wide rows from that of the "wide" line on and where
+// only they fit, else pipelined from that of the "pipelined" line on, where the
+// kernel can be), the cluster version or GlobalRow otherwise; before all of
+// them, the tiled version from the length of the "tiled" line on (a backward with
+// per-column sums, where it can be); "never": only where no other version fits. A
+// backward with per-column sums takes coarse chunks of rows (avo::rows_per_chunk)
+// from the length of the "coarse" line on. Measured by benchmarks/tune_rows.py
+// (tuning/sm_<arch>.json).
+//   | kernel   | GPU                 | line      |  float16 | bfloat16 |  float32 |
 //   | forward  | sm_90 (NVIDIA H200) | staged    |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200) | global    |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200) | pipelined |    never |    never |    never |
@@ -28,6 +29,7 @@ namespace avo::ops::add_rmsnorm {
 //   | forward  | sm_90 (NVIDIA H200) | cluster   |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200) | wide      |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200) | coarse    |    never |    never |    never |
+//   | forward  | sm_90 (NVIDIA H200) | narrow    |    never |    never |    never |
 //   | forward  | any other GPU       | staged    |    never |    never |    never |
 //   | forward  | any other GPU       | global    |    never |    never |    never |
 //   | forward  | any other GPU       | pipelined |    never |    never |    never |
@@ -35,6 +37,7 @@ namespace avo::ops::add_rmsnorm {
 //   | forward  | any other GPU       | cluster   |    never |    never |    never |
 //   | forward  | any other GPU       | wide      |    never |    never |    never |
 //   | forward  | any other GPU       | coarse    |    never |    never |    never |
+//   | forward  | any other GPU       | narrow    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | staged    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | global    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | pipelined |    never |    never |    never |
@@ -42,6 +45,7 @@ namespace avo::ops::add_rmsnorm {
 //   | backward | sm_90 (NVIDIA H200) | cluster   |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | wide      |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | coarse    |     2048 |     2048 |    never |
+//   | backward | sm_90 (NVIDIA H200) | narrow    |    never |    never |    never |
 //   | backward | any other GPU       | staged    |    never |    never |    never |
 //   | backward | any other GPU       | global    |    never |    never |    never |
 //   | backward | any other GPU       | pipelined |    never |    never |    never |
@@ -49,13 +53,14 @@ namespace avo::ops::add_rmsnorm {
 //   | backward | any other GPU       | cluster   |    never |    never |    never |
 //   | backward | any other GPU       | wide      |    never |    never |    never |
 //   | backward | any other GPU       | coarse    |    never |    never |    never |
+//   | backward | any other GPU       | narrow    |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
-    {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}},
+    {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {16384, 16384, 32768}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, avo::kNever}},
-    {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {16384, 16384, 32768}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}},
+    {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}},
 };
 
 void forward_cuda(avo::DType dtype, const ForwardArgs& args, float eps, cudaStream_t stream) {

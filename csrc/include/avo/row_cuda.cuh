@@ -14,7 +14,9 @@
 //    next row before it computes the current one, on a grid of resident blocks (with
 //    per-column sums, the next row of its chunk); unpipelined, the grid covers the rows
 //    (a lean row's kernel with fewer registers: kLeanRow). On wide rows (kWideRow, from
-//    a measured length on) a group of up to 512 threads holds 2P vectors a thread.
+//    a measured length on) a group of up to 512 threads holds 2P vectors a thread; on
+//    narrow rows (up to a measured length, maths without per-column sums) twice the
+//    threads hold P/2 vectors each.
 //  - StagedRow, for longer aligned rows that fit in shared memory: a block takes a row;
 //    its per-element inputs are copied into shared memory with cp.async, kStages rows
 //    at a time, so that the next rows arrive while the block computes the current one.
@@ -1509,6 +1511,26 @@ __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math, 
   register_rows<T, Args, Math, V, kPipelined>(args, math, group_threads);
 }
 
+// Narrow rows: the register version (unpipelined) with groups holding half the vectors
+// a thread (narrow_row_kernel), twice the threads a row, for maths without per-column
+// sums. The dispatch table's "narrow" line says up to which length they run: short rows,
+// where a thread of the plain register row does the row's setup and reductions for more
+// elements. On the H200 (forced, 262144x256) rmsnorm's 16-bit forward ran in 68.3 us
+// instead of 69.9, add_rmsnorm's in 130.9 instead of 134.2, add_layernorm's in 131.0
+// instead of 134.6; layernorm's lost 3.5% and swish_layernorm's 12% (they keep more per
+// thread between passes), so each op's line is measured (benchmarks/tune_rows.py).
+template <typename Math>
+constexpr bool kNarrowRow = Math::kColumnSums == 0;
+template <typename Math>
+constexpr int kNarrowRowVectors = kRowVectors<Math> / 2;
+
+template <typename T, typename Args, typename Math, int V>
+__global__ void __launch_bounds__(kMaxGroupThreads<Math>)
+    narrow_row_kernel(const Args args, const Math math, int group_threads) {
+  static_assert(kNarrowRow<Math>, "narrow rows keep no per-column sums");
+  register_rows<T, Args, Math, V, false, kNarrowRowVectors<Math>>(args, math, group_threads);
+}
+
 // Wide rows: the register version (unpipelined) with groups of up to kWideRowThreads
 // threads holding kWideRowVectors each, twice kRowVectors (wide_row_kernel), for maths
 // that keep one or two per-element inputs and no per-column sums or kept values (the
@@ -1938,17 +1960,21 @@ inline int threads_for(int64_t vectors, int per_thread) {
 // fits_registers: rows of two per-element inputs), else pipelined from
 // `thresholds.pipelined_min_vectors` on where the kernel can be; the cluster version,
 // then GlobalRow, for what none of them takes.
-inline RowVersion pick_row_version(int64_t vectors, bool fits_registers, bool fits_wide, bool fits_staged,
-                                   bool fits_cluster, bool can_pipeline, bool can_tile,
+inline RowVersion pick_row_version(int64_t vectors, bool fits_registers, bool fits_wide, bool fits_narrow,
+                                   bool fits_staged, bool fits_cluster, bool can_pipeline, bool can_tile,
                                    const RowThresholds& thresholds) {
   const RowVersion forced = forced_row_version();
+  // The narrow line is measured against the other three (narrow rows fit where the
+  // plain ones do).
   const RowVersion in_registers =
-      fits_wide && (vectors >= thresholds.wide_min_vectors || !fits_registers) ? RowVersion::kWide
-      : can_pipeline && vectors >= thresholds.pipelined_min_vectors           ? RowVersion::kPipelined
-                                                                              : RowVersion::kRegister;
+      fits_narrow && vectors <= thresholds.narrow_max_vectors                    ? RowVersion::kNarrow
+      : fits_wide && (vectors >= thresholds.wide_min_vectors || !fits_registers) ? RowVersion::kWide
+      : can_pipeline && vectors >= thresholds.pipelined_min_vectors              ? RowVersion::kPipelined
+                                                                                 : RowVersion::kRegister;
   if (forced == RowVersion::kRegister && fits_registers) return RowVersion::kRegister;
   if (forced == RowVersion::kPipelined && fits_registers) return can_pipeline ? RowVersion::kPipelined : RowVersion::kRegister;
   if (forced == RowVersion::kWide && fits_wide) return RowVersion::kWide;
+  if (forced == RowVersion::kNarrow && fits_narrow) return RowVersion::kNarrow;
   if (forced == RowVersion::kStaged && fits_staged) return RowVersion::kStaged;
   if (forced == RowVersion::kCluster && fits_cluster) return RowVersion::kCluster;
   if (forced == RowVersion::kTiled && can_tile) return RowVersion::kTiled;
@@ -2159,7 +2185,7 @@ RowThresholds row_thresholds(const RowTuning (&table)[N], int arch) {
     if (row.arch == arch || row.arch == 0)
       return {row.staged_min_vectors[index], row.global_min_vectors[index], row.pipelined_min_vectors[index],
               row.tiled_min_vectors[index], row.cluster_min_vectors[index], row.wide_min_vectors[index],
-              row.coarse_chunks_min_vectors[index]};
+              row.coarse_chunks_min_vectors[index], row.narrow_max_vectors[index]};
   return {};
 }
 
@@ -2193,6 +2219,8 @@ void launch_row_op(const Args& given, const Math& math, const RowTuning (&tuning
   const Args args = with_table_chunks(given, chunked, vectorized, vectors, table);
   const bool fits_registers = vectors <= int64_t(kRowVectors<Math>) * kMaxGroupThreads<Math>;
   const bool fits_wide = kWideRow<Math> && vectorized && vectors <= int64_t(kWideRowVectors<Math>) * kWideRowThreads;
+  const bool fits_narrow =
+      kNarrowRow<Math> && vectorized && vectors <= int64_t(kNarrowRowVectors<Math>) * kMaxGroupThreads<Math>;
   const size_t staged_bytes = staged_row_bytes<T, Math>(args.length);
   const bool fits_staged = vectorized && vectors <= int64_t(kStagedVectors) * kMaxGroupThreads<Math> &&
                            staged_bytes <= max_dynamic_shared_bytes(device);
@@ -2200,7 +2228,8 @@ void launch_row_op(const Args& given, const Math& math, const RowTuning (&tuning
   // versions only where nothing else fits, and are not pipelined.
   const RowThresholds thresholds = {table.staged_min_vectors, vectorized ? table.global_min_vectors : kNever,
                                     table.pipelined_min_vectors, table.tiled_min_vectors,
-                                    vectorized ? table.cluster_min_vectors : kNever, table.wide_min_vectors};
+                                    vectorized ? table.cluster_min_vectors : kNever, table.wide_min_vectors,
+                                    table.coarse_chunks_min_vectors, table.narrow_max_vectors};
   // Asked only where it could be chosen: the occupancy query costs host time.
   const bool may_cluster = forced_row_version() == RowVersion::kCluster ||
                            (!fits_registers && !fits_wide && !fits_staged) || vectors >= thresholds.cluster_min_vectors;
@@ -2209,16 +2238,19 @@ void launch_row_op(const Args& given, const Math& math, const RowTuning (&tuning
                                  : launch_cluster_rows<T, Args, Math, 1>(args, math, vectors, chunked, device, stream, true));
   // The tiled version: rows of two tiles or more (the binding then allocates the tile sums).
   const bool can_tile = kCanTile<Math> && chunked && vectorized && args.tile_sums != nullptr;
-  const RowVersion version = pick_row_version(vectors, fits_registers, fits_wide, fits_staged, fits_cluster,
-                                              kCanPipeline<Math> && vectorized, can_tile, thresholds);
+  const RowVersion version = pick_row_version(vectors, fits_registers, fits_wide, fits_narrow, fits_staged,
+                                              fits_cluster, kCanPipeline<Math> && vectorized, can_tile, thresholds);
   last_row_version() = version;
   int64_t partial_chunks = args.chunks;  // the chunks of the partials the version writes
   switch (version) {
     case RowVersion::kRegister:
     case RowVersion::kPipelined:
-    case RowVersion::kWide: {
-      const bool wide = version == RowVersion::kWide;
-      const int group = threads_for(vectors, wide ? kWideRowVectors<Math> : kRowVectors<Math>);
+    case RowVersion::kWide:
+    case RowVersion::kNarrow: {
+      const bool wide = version == RowVersion::kWide, narrow = version == RowVersion::kNarrow;
+      const int group = threads_for(vectors, wide     ? kWideRowVectors<Math>
+                                             : narrow ? kNarrowRowVectors<Math>
+                                                      : kRowVectors<Math>);
       const int row_block = chunked ? kRowBlockThreads : kShortRowBlockThreads;
       const int block = group < row_block ? row_block : group;
       const int groups = block / group;
@@ -2227,6 +2259,8 @@ void launch_row_op(const Args& given, const Math& math, const RowTuning (&tuning
         if (vectorized && version == RowVersion::kPipelined) return register_row_kernel<T, Args, Math, V, kCanPipeline<Math>>;
         if constexpr (kWideRow<Math>)
           if (wide) return wide_row_kernel<T, Args, Math, V>;
+        if constexpr (kNarrowRow<Math>)
+          if (narrow) return narrow_row_kernel<T, Args, Math, V>;
         if constexpr (kLeanRow<Math>)
           return vectorized ? lean_row_kernel<T, Args, Math, V> : lean_row_kernel<T, Args, Math, 1>;
         else

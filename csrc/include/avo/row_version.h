@@ -19,7 +19,9 @@ namespace avo {
 // registers of a block or its shared memory hold take the cluster version instead from
 // cluster_min_vectors[t] on (where it fits; sm_90). The register version takes wide rows
 // (groups of 512 threads holding twice the vectors, where the math can: kWideRow) from
-// wide_min_vectors[t] on, and where only they hold the row. A backward with per-column
+// wide_min_vectors[t] on, and where only they hold the row; narrow rows (twice the
+// threads holding half the vectors, for maths without per-column sums: kNarrowRow) up
+// to narrow_max_vectors[t] (before wide rows). A backward with per-column
 // sums spreads its rows over coarse chunks (rows_per_chunk in avo/row_args.h) from
 // coarse_chunks_min_vectors[t] on. The generated sources hold these tables, from the
 // files of tuning/ (benchmarks/tune_rows.py writes them).
@@ -32,10 +34,14 @@ struct RowTuning {
   int64_t cluster_min_vectors[3];
   int64_t wide_min_vectors[3];
   int64_t coarse_chunks_min_vectors[3];
+  int64_t narrow_max_vectors[3];
 };
 
-// A version never taken by choice, only where no other fits.
+// A version never taken by choice, only where no other fits: the threshold of a line
+// that gives a version rows from a length on (the *_min_vectors), and of one that gives
+// it rows up to a length (narrow_max_vectors).
 constexpr int64_t kNever = INT64_MAX;
+constexpr int64_t kNeverUpTo = 0;
 
 // The thresholds of one call: its GPU's row of the table, at its element type.
 struct RowThresholds {
@@ -46,12 +52,13 @@ struct RowThresholds {
   int64_t cluster_min_vectors = kNever;
   int64_t wide_min_vectors = kNever;
   int64_t coarse_chunks_min_vectors = kNever;
+  int64_t narrow_max_vectors = kNeverUpTo;
 };
 
 // kPipelined is the register version loading the next row ahead (pipelined_rows), kWide
-// the register version on wide rows (wide_row_kernel); kTiled cuts rows into column
-// tiles (TiledRow).
-enum class RowVersion { kAuto = -1, kRegister, kPipelined, kWide, kStaged, kCluster, kGlobal, kTiled };
+// the register version on wide rows (wide_row_kernel), kNarrow on narrow rows
+// (narrow_row_kernel); kTiled cuts rows into column tiles (TiledRow).
+enum class RowVersion { kAuto = -1, kRegister, kPipelined, kWide, kStaged, kCluster, kGlobal, kTiled, kNarrow };
 
 // The process-wide choice. A forced version that a call cannot take (a row too long
 // for registers, say) is ignored for that call.
