@@ -859,6 +859,19 @@ def test_an_fp32_layernorm_forward_of_262144_takes_the_cluster_kernel_version_of
 
 
 @needs_cuda
+def test_a_16_bit_rmsnorm_forward_of_256_takes_narrow_rows_by_the_table():
+    """The sm_90 table's narrow line (32 vectors: 256 16-bit elements) gives those rows to
+    the narrow version, not forced; 512 elements take another, and both match float64."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the narrow line is measured for sm_90")
+    op = OPS["rmsnorm"]
+    for length, narrow in [(256, True), (512, False)]:
+        tensors = make_inputs(op, (300, length), torch.bfloat16, "cuda")
+        check_values(op, tensors, torch.bfloat16)
+        assert (avo_ops._C.last_row_version() == "narrow") == narrow
+
+
+@needs_cuda
 def test_last_row_version_names_the_version_a_call_took():
     """What the tuner relies on to drop the times of versions a call could not take: a
     forced version that fits is reported; a row of 65536 elements does not fit the

@@ -1515,10 +1515,10 @@ __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math, 
 // a thread (narrow_row_kernel), twice the threads a row, for maths without per-column
 // sums. The dispatch table's "narrow" line says up to which length they run: short rows,
 // where a thread of the plain register row does the row's setup and reductions for more
-// elements. On the H200 (forced, 262144x256) rmsnorm's 16-bit forward ran in 68.3 us
-// instead of 69.9, add_rmsnorm's in 130.9 instead of 134.2, add_layernorm's in 131.0
-// instead of 134.6; layernorm's lost 3.5% and swish_layernorm's 12% (they keep more per
-// thread between passes), so each op's line is measured (benchmarks/tune_rows.py).
+// elements. On the H200 (262144x256 bf16) rmsnorm's forward ran in 68.4 us instead of
+// 69.9, add_rmsnorm's in 131.0 instead of 134.2, add_layernorm's in 131.0 instead of
+// 134.8; layernorm's lost 3.5% and swish_layernorm's 12% (they keep more per thread
+// between passes), so each op's line is measured (benchmarks/tune_rows.py).
 template <typename Math>
 constexpr bool kNarrowRow = Math::kColumnSums == 0;
 template <typename Math>
