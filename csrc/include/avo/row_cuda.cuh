@@ -1955,17 +1955,16 @@ inline int threads_for(int64_t vectors, int per_thread) {
 // for rows of at least `thresholds.global_min_vectors`, the cluster version for rows of
 // at least `thresholds.cluster_min_vectors` where it fits, StagedRow for rows of at
 // least `thresholds.staged_min_vectors` (all from the generated, measured table) or
-// that registers cannot hold; else RegisterRow: on wide rows from
-// `thresholds.wide_min_vectors` on and where only they hold the row (fits_wide without
-// fits_registers: rows of two per-element inputs), else pipelined from
-// `thresholds.pipelined_min_vectors` on where the kernel can be; the cluster version,
-// then GlobalRow, for what none of them takes.
+// that registers cannot hold; else RegisterRow: on narrow rows up to
+// `thresholds.narrow_max_vectors` where they fit (that line is measured against the
+// other three), else on wide rows from `thresholds.wide_min_vectors` on and where only
+// they hold the row (fits_wide without fits_registers: rows of two per-element inputs),
+// else pipelined from `thresholds.pipelined_min_vectors` on where the kernel can be;
+// the cluster version, then GlobalRow, for what none of them takes.
 inline RowVersion pick_row_version(int64_t vectors, bool fits_registers, bool fits_wide, bool fits_narrow,
                                    bool fits_staged, bool fits_cluster, bool can_pipeline, bool can_tile,
                                    const RowThresholds& thresholds) {
   const RowVersion forced = forced_row_version();
-  // The narrow line is measured against the other three (narrow rows fit where the
-  // plain ones do).
   const RowVersion in_registers =
       fits_narrow && vectors <= thresholds.narrow_max_vectors                    ? RowVersion::kNarrow
       : fits_wide && (vectors >= thresholds.wide_min_vectors || !fits_registers) ? RowVersion::kWide
