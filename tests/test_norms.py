@@ -383,12 +383,17 @@ def check_large_offset(op, tensors, dtype, offset):
     assert torch.isfinite(out[-1]).all()
 
 
+# The versions a test forces every call onto (avo_ops._C.set_row_version), and "auto", the
+# dispatch table's choice. The tiled version, for backwards with per-column sums only, is
+# added where a test runs those.
+ROW_VERSIONS = ("register", "pipelined", "wide", "narrow", "staged", "cluster", "global", "auto")
+
+
 # Every GPU kernel version on rows far from zero, with a spike at every 16th element:
 # the first value of many threads (the shift of their partial moments) lies far from the
 # row's mean, and each thread's squared deviations are large beside the variance.
 @needs_cuda
-@pytest.mark.parametrize("row_version", ["register", "pipelined", "wide", "narrow", "staged", "cluster", "global", "auto"],
-                         indirect=True)
+@pytest.mark.parametrize("row_version", ROW_VERSIONS, indirect=True)
 @pytest.mark.parametrize("length", [1000, 4096, 65536], ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("name", ["layernorm", "swish_layernorm", "add_layernorm"])
@@ -404,8 +409,7 @@ def test_large_offset_on_every_kernel_version(name, dtype, length, row_version):
 # rising steadily, a row with a NaN, a row with +inf and a row of -inf only (NaN, as torch
 # gives them).
 @needs_cuda
-@pytest.mark.parametrize("row_version", ["register", "pipelined", "wide", "narrow", "staged", "cluster", "global", "auto"],
-                         indirect=True)
+@pytest.mark.parametrize("row_version", ROW_VERSIONS, indirect=True)
 @pytest.mark.parametrize("length", [1000, 4096, 65536], ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("name", ["softmax", "log_softmax"])
@@ -725,9 +729,7 @@ def row_version(request):
 
 
 @needs_cuda
-@pytest.mark.parametrize("row_version", ["register", "pipelined", "wide", "narrow", "staged", "cluster", "global", "tiled",
-                                        "auto"],
-                         indirect=True)
+@pytest.mark.parametrize("row_version", [*ROW_VERSIONS[:-1], "tiled", "auto"], indirect=True)
 @pytest.mark.parametrize("shape", VERSION_SHAPES, ids=str)
 @pytest.mark.parametrize("name", ALL)
 def test_every_kernel_version_matches_float64(name, shape, row_version, dtype):

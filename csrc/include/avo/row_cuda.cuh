@@ -2225,10 +2225,8 @@ void launch_row_op(const Args& given, const Math& math, const RowTuning (&tuning
                            staged_bytes <= max_dynamic_shared_bytes(device);
   // The table counts 16-byte vectors: rows of single elements take the global and cluster
   // versions only where nothing else fits, and are not pipelined.
-  const RowThresholds thresholds = {table.staged_min_vectors, vectorized ? table.global_min_vectors : kNever,
-                                    table.pipelined_min_vectors, table.tiled_min_vectors,
-                                    vectorized ? table.cluster_min_vectors : kNever, table.wide_min_vectors,
-                                    table.coarse_chunks_min_vectors, table.narrow_max_vectors};
+  RowThresholds thresholds = table;
+  if (!vectorized) thresholds.global_min_vectors = thresholds.cluster_min_vectors = kNever;
   // Asked only where it could be chosen: the occupancy query costs host time.
   const bool may_cluster = forced_row_version() == RowVersion::kCluster ||
                            (!fits_registers && !fits_wide && !fits_staged) || vectors >= thresholds.cluster_min_vectors;
