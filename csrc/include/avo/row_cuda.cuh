@@ -2062,7 +2062,18 @@ template <typename T, typename Args, typename Math, int V, int P, typename Kerne
 bool launch_cluster_kernel(Kernel kernel, const Args& args, const Math& math, int64_t vectors, bool chunked,
                            const DeviceInfo& device, cudaStream_t stream, bool dry_run) {
   const int64_t threads = threads_for(vectors, P);
-  const int block = cluster_block_threads<Math>(threads);
+  int block = cluster_block_threads<Math>(threads);
+  // A cluster row with per-column sums whose kernel holds one block a multiprocessor
+  // (kClusterBlocksPerSM 0: over 64 registers) takes blocks of half the threads where the
+  // cluster stays portable, so that two clusters share a multiprocessor and one's loads
+  // fill the other's reductions and exchanges: on an H100 the 16-bit backwards of
+  // layernorm and swish_layernorm at 16384 ran 1.03-1.06x faster (4 blocks of 256
+  // instead of 2 of 512), at 32768 1.14-1.19x (8 instead of 4). Only the kernels that
+  // pipeline such rows (cluster_rows), the ones measured: add_layernorm's 16-bit backward
+  // holds one block too, but its blocks of 256 have not been timed.
+  if (chunked && kCanPipeline<Math> && kClusterBlocksPerSM<T, Math> == 0 && P == kRowVectors<Math> &&
+      block == kMaxGroupThreads<Math> && threads / (block / 2) <= kMaxClusterBlocks)
+    block /= 2;
   const int64_t blocks = (threads + block - 1) / block < 2 ? 2 : (threads + block - 1) / block;
   if (blocks > kMaxWideClusterBlocks) return false;
   if (blocks > kMaxClusterBlocks &&
