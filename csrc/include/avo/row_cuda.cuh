@@ -26,8 +26,10 @@
 //    is split over the 2 to 16 blocks of a thread-block cluster, each block holding its
 //    part in registers; reductions combine the blocks through mailboxes in shared
 //    memory (cluster_exchange), without a cluster barrier. Pipelined where it can be
-//    and sums no columns. Rows of two per-element inputs that 16 blocks of 512 threads
-//    cannot hold take wide cluster rows (wide_cluster_row_kernel: 2P vectors a thread).
+//    and sums no columns, or sums columns in a kernel of one block a multiprocessor
+//    (then in blocks of 256 threads up to 8 a cluster, two clusters a multiprocessor).
+//    Rows of two per-element inputs that 16 blocks of 512 threads cannot hold take
+//    wide cluster rows (wide_cluster_row_kernel: 2P vectors a thread).
 //    Where the call sums no columns, each thread copies its vectors of the per-column
 //    inputs (weight, bias) into shared memory once per kernel (ColumnStage).
 //  - GlobalRow, for the rest: each pass reads the row from global memory again (from L2
