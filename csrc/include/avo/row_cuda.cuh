@@ -1423,7 +1423,7 @@ struct RowTurn {
 // have needed (rmsnorm's fp32 backward: 56 to 80 registers, 4-7% slower at N = 512 to
 // 4096 on the H200), so the dispatch table says where it pays (the pipelined line of
 // the backward); the cluster version pipelines such rows only where its kernel holds one
-// block a multiprocessor anyway (cluster_rows).
+// block a multiprocessor anyway (kPipelinedClusterSums).
 template <typename Math>
 constexpr bool kCanPipeline = kElementInputCount<Math> * kRowVectors<Math> * 4 <= 16;
 
@@ -1599,21 +1599,28 @@ __global__ void AVO_LEAN_ROW_BOUNDS lean_row_kernel(const Args args, const Math 
   register_rows<T, Args, Math, V, false>(args, math, group_threads);
 }
 
+// Whether a cluster row of Math with per-column sums (its threads holding kVectors) is
+// pipelined: where the kernel is not held to two blocks a multiprocessor
+// (kClusterBlocksPerSM 0: the 16-bit backwards of layernorm and swish_layernorm, two sums
+// of 16 floats a thread). On an H100 those ran 1.14-1.22x faster at N = 4096 to 65536
+// (layernorm's bf16 at 4096x16384 in 245 us instead of 288, where the tiled version takes
+// 270; on the H200 the tiled version took 205 there and these cluster rows 267 before
+// the change, so the table, tuned there, may keep the tiled version); layernorm's kernels
+// went from 95-96 registers to 122-128, swish_layernorm's stayed at 125-128, none
+// spills. Where the kernel is capped at 64 registers (the fp32 backwards, rmsnorm's),
+// pipelined rows spilled and lost (layernorm's fp32 at 16384 0.79 -> 0.70 of copy;
+// rmsnorm's bf16 up to 3%). Such clusters also take smaller blocks
+// (launch_cluster_kernel).
+template <typename T, typename Math, int kVectors>
+constexpr bool kPipelinedClusterSums =
+    kCanPipeline<Math> && kVectors == kRowVectors<Math> && kClusterBlocksPerSM<T, Math> == 0;
+
 // A row over the blocks of a thread-block cluster: block `rank` of the cluster holds the
 // vectors i * (C * B) + rank * B + t, as RegisterRow does for a group of C * B threads.
 // Cluster q takes rows q, q + clusters, ...; with per-column sums cluster c takes chunk c.
 // Pipelined wherever kCanPipeline<Math> and Math sums no columns (on the H200 that gained
-// 3-13% on every row the cluster version takes). With per-column sums, only where the
-// kernel is not held to two blocks a multiprocessor (kClusterBlocksPerSM 0: the 16-bit
-// backwards of layernorm and swish_layernorm, two sums of 16 floats a thread): on an H100
-// those ran 1.14-1.22x faster at N = 4096 to 65536 (layernorm's bf16 at 4096x16384 in
-// 245 us instead of 288, where the tiled version takes 270; on the H200 the tiled
-// version took 205 there and these cluster rows 267 before the change, so the table,
-// tuned there, may keep the tiled version); layernorm's kernels went from
-// 95-96 registers to 122-128, swish_layernorm's stayed at 125-128, none spills. Where
-// the kernel is capped at 64 registers (the fp32 backwards, rmsnorm's), pipelined rows
-// spilled and lost (layernorm's fp32 at 16384 0.79 -> 0.70 of copy; rmsnorm's bf16 up
-// to 3%).
+// 3-13% on every row the cluster version takes). With per-column sums, only where
+// kPipelinedClusterSums.
 // With `stage_columns` (a call without per-column sums: launch_cluster_rows then gives
 // the kernel ColumnStage::bytes of shared memory) each thread first copies its vectors of
 // the per-column inputs there.
@@ -1653,7 +1660,7 @@ __device__ __forceinline__ void cluster_rows(const Args& args, const Math& math,
     typename Row::Chunk kept = {};
     kept.load_columns(args, lane, threads);
     const int64_t first = cluster_index * args.rows_per_chunk;
-    if constexpr (kCanPipeline<Math> && kVectors == kRowVectors<Math> && kClusterBlocksPerSM<T, Math> == 0) {
+    if constexpr (kPipelinedClusterSums<T, Math, kVectors>) {
       // The same rows, and so the same count, for every block of the cluster.
       const int64_t left = args.rows - first;
       const int64_t count = left < args.rows_per_chunk ? left : args.rows_per_chunk;
@@ -2065,16 +2072,15 @@ bool launch_cluster_kernel(Kernel kernel, const Args& args, const Math& math, in
                            const DeviceInfo& device, cudaStream_t stream, bool dry_run) {
   const int64_t threads = threads_for(vectors, P);
   int block = cluster_block_threads<Math>(threads);
-  // A cluster row with per-column sums whose kernel holds one block a multiprocessor
-  // (kClusterBlocksPerSM 0: over 64 registers) takes blocks of half the threads where the
-  // cluster stays portable, so that two clusters share a multiprocessor and one's loads
-  // fill the other's reductions and exchanges: on an H100 the 16-bit backwards of
-  // layernorm and swish_layernorm at 16384 ran 1.03-1.06x faster (4 blocks of 256
-  // instead of 2 of 512), at 32768 1.14-1.19x (8 instead of 4). Only the kernels that
-  // pipeline such rows (cluster_rows), the ones measured: add_layernorm's 16-bit backward
-  // holds one block too, but its blocks of 256 have not been timed.
-  if (chunked && kCanPipeline<Math> && kClusterBlocksPerSM<T, Math> == 0 && P == kRowVectors<Math> &&
-      block == kMaxGroupThreads<Math> && threads / (block / 2) <= kMaxClusterBlocks)
+  // A pipelined cluster row with per-column sums (kPipelinedClusterSums: its kernel holds
+  // one block a multiprocessor) takes blocks of half the threads where the cluster stays
+  // portable, so that two clusters share a multiprocessor and one's loads fill the
+  // other's reductions and exchanges: on an H100 the 16-bit backwards of layernorm and
+  // swish_layernorm at 16384 ran 1.03-1.06x faster (4 blocks of 256 instead of 2 of
+  // 512), at 32768 1.14-1.19x (8 instead of 4). add_layernorm's 16-bit backward holds one
+  // block too, but is not pipelined and its blocks of 256 have not been timed.
+  if (chunked && kPipelinedClusterSums<T, Math, P> && block == kMaxGroupThreads<Math> &&
+      threads / (block / 2) <= kMaxClusterBlocks)
     block /= 2;
   const int64_t blocks = (threads + block - 1) / block < 2 ? 2 : (threads + block - 1) / block;
   if (blocks > kMaxWideClusterBlocks) return false;
