@@ -33,6 +33,9 @@ the only errors left are the kernels' own:
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -861,16 +864,21 @@ def test_an_fp32_layernorm_forward_of_262144_takes_the_cluster_kernel_version_of
 
 
 @needs_cuda
-def test_a_16_bit_rmsnorm_forward_of_256_takes_narrow_rows_by_the_table():
-    """The sm_90 table's narrow line (32 vectors: 256 16-bit elements) gives those rows to
-    the narrow version, not forced; 512 elements take another, and both match float64."""
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_a_16_bit_rmsnorm_forward_takes_narrow_rows_up_to_the_tables_line(dtype):
+    """The sm_90 table's narrow line for rmsnorm's 16-bit forwards (read from
+    tuning/sm_90.json, which the build compiles in) gives rows of that length to the narrow
+    version, not forced; rows twice as long take another; both match float64."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the narrow line is measured for sm_90")
+    table = json.loads((Path(__file__).parents[1] / "tuning" / "sm_90.json").read_text())
+    line = table["narrow_max_vectors"]["rmsnorm"]["forward"][str(dtype).removeprefix("torch.")]
+    assert line is not None, "the shipped table gives rmsnorm's 16-bit forwards a narrow line"
     op = OPS["rmsnorm"]
-    for length, narrow in [(256, True), (512, False)]:
-        tensors = make_inputs(op, (300, length), torch.bfloat16, "cuda")
-        check_values(op, tensors, torch.bfloat16)
-        assert (avo_ops._C.last_row_version() == "narrow") == narrow
+    for length, narrow in [(line * 8, True), (line * 16, False)]:  # 8 16-bit elements a vector
+        tensors = make_inputs(op, (300, length), dtype, "cuda")
+        check_values(op, tensors, dtype)
+        assert (avo_ops._C.last_row_version() == "narrow") == narrow, length
 
 
 @needs_cuda

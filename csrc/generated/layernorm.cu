@@ -41,8 +41,8 @@ namespace avo::ops::layernorm {
 //   | backward | sm_90 (NVIDIA H200) | staged    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | global    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | pipelined |       32 |       32 |       64 |
-//   | backward | sm_90 (NVIDIA H200) | tiled     |     2048 |     2048 |    32768 |
-//   | backward | sm_90 (NVIDIA H200) | cluster   |    never |    never |      512 |
+//   | backward | sm_90 (NVIDIA H200) | tiled     |     8192 |     2048 |    32768 |
+//   | backward | sm_90 (NVIDIA H200) | cluster   |      256 |     2048 |      512 |
 //   | backward | sm_90 (NVIDIA H200) | wide      |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | coarse    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | narrow    |    never |    never |    never |
@@ -59,7 +59,7 @@ constexpr avo::RowTuning kForwardTuning[] = {
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, 64}, {2048, 2048, 32768}, {avo::kNever, avo::kNever, 512}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, 64}, {8192, 2048, 32768}, {256, 2048, 512}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}},
 };
 
