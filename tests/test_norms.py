@@ -33,7 +33,7 @@ the only errors left are the kernels' own:
 """
 from __future__ import annotations
 
-import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -42,6 +42,12 @@ import torch.nn.functional as F
 
 import avo_ops
 from conftest import TOLERANCES, needs_cuda
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from generator.tuning import load_tunings  # noqa: E402
 
 FP32_EPS = torch.finfo(torch.float32).eps
 
@@ -866,13 +872,13 @@ def test_an_fp32_layernorm_forward_of_262144_takes_the_cluster_kernel_version_of
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_a_16_bit_rmsnorm_forward_takes_narrow_rows_up_to_the_tables_line(dtype):
-    """The sm_90 table's narrow line for rmsnorm's 16-bit forwards (read from
-    tuning/sm_90.json, which the build compiles in) gives rows of that length to the narrow
+    """The sm_90 table's narrow line for rmsnorm's 16-bit forwards (tuning/sm_90.json, read
+    as the generator reads it for the build) gives rows of that length to the narrow
     version, not forced; rows twice as long take another; both match float64."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the narrow line is measured for sm_90")
-    table = json.loads((Path(__file__).parents[1] / "tuning" / "sm_90.json").read_text())
-    line = table["narrow_max_vectors"]["rmsnorm"]["forward"][str(dtype).removeprefix("torch.")]
+    sm_90 = next(t for t in load_tunings(str(ROOT)) if t.arch == 90)
+    line = sm_90.threshold("narrow_max_vectors", "rmsnorm", "forward", str(dtype).removeprefix("torch."))
     assert line is not None, "the shipped table gives rmsnorm's 16-bit forwards a narrow line"
     op = OPS["rmsnorm"]
     for length, narrow in [(line * 8, True), (line * 16, False)]:  # 8 16-bit elements a vector

@@ -1604,8 +1604,9 @@ __global__ void AVO_LEAN_ROW_BOUNDS lean_row_kernel(const Args args, const Math 
 // (kClusterBlocksPerSM 0: the 16-bit backwards of layernorm and swish_layernorm, two sums
 // of 16 floats a thread). On an H100 those ran 1.14-1.22x faster at N = 4096 to 65536
 // (layernorm's bf16 at 4096x16384 in 245 us instead of 288, where the tiled version takes
-// 270; on the H200 the tiled version took 205 there and these cluster rows 267 before
-// the change, so the table, tuned there, may keep the tiled version); layernorm's kernels
+// 270); on the H200 they beat the tiled version at 32768 by 2-3%, are within 2-3% of it
+// either way at 16384 and trail from 65536, where the table gives these rows to the tiled
+// version (layernorm's bf16 from 16384); layernorm's kernels
 // went from 95-96 registers to 122-128, swish_layernorm's stayed at 125-128, none
 // spills. Where the kernel is capped at 64 registers (the fp32 backwards, rmsnorm's),
 // pipelined rows spilled and lost (layernorm's fp32 at 16384 0.79 -> 0.70 of copy;
