@@ -29,7 +29,7 @@ namespace avo::ops::add_rmsnorm {
 //   | forward  | sm_90 (NVIDIA H200) | cluster   |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200) | wide      |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200) | coarse    |    never |    never |    never |
-//   | forward  | sm_90 (NVIDIA H200) | narrow    |       32 |       32 |    never |
+//   | forward  | sm_90 (NVIDIA H200) | narrow    |      128 |      128 |     1024 |
 //   | forward  | any other GPU       | staged    |    never |    never |    never |
 //   | forward  | any other GPU       | global    |    never |    never |    never |
 //   | forward  | any other GPU       | pipelined |    never |    never |    never |
@@ -55,7 +55,7 @@ namespace avo::ops::add_rmsnorm {
 //   | backward | any other GPU       | coarse    |    never |    never |    never |
 //   | backward | any other GPU       | narrow    |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, avo::kNeverUpTo}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {128, 128, 1024}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {

@@ -16,7 +16,8 @@
 //    (a lean row's kernel with fewer registers: kLeanRow). On wide rows (kWideRow, from
 //    a measured length on) a group of up to 512 threads holds 2P vectors a thread; on
 //    narrow rows (up to a measured length, maths without per-column sums) twice the
-//    threads hold P/2 vectors each.
+//    threads hold P/2 vectors each, and the per-column vectors (weight, bias) too,
+//    loaded with the row (kNarrowColumnsAhead).
 //  - StagedRow, for longer aligned rows that fit in shared memory: a block takes a row;
 //    its per-element inputs are copied into shared memory with cp.async, kStages rows
 //    at a time, so that the next rows arrive while the block computes the current one.
@@ -658,10 +659,15 @@ constexpr int kClusterBlocksPerSM =
     kMaxGroupThreads<Math> <= 512 && Math::kColumnSums * kRowVectors<Math> * int(16 / sizeof(T)) <= 16 ? 2 : 0;
 
 // A row held in registers by a group of threads (see the top of this file); with
-// kClustered the group is every thread of a thread-block cluster.
-template <typename T, typename Args, typename Math, int V, bool kClustered = false, int kVectors = kRowVectors<Math>>
-struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, kClustered, kVectors>> {
+// kClustered the group is every thread of a thread-block cluster. kColumnsAhead: the row
+// loads its vectors of the per-column inputs (weight, bias) with its per-element ones,
+// where the call sums no columns (the narrow rows, narrow_row_kernel).
+template <typename T, typename Args, typename Math, int V, bool kClustered = false, int kVectors = kRowVectors<Math>,
+          bool kColumnsAhead = false>
+struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, kClustered, kVectors, kColumnsAhead>> {
   static constexpr int P = kVectors;
+  static constexpr bool kLoadsColumnsAhead =
+      kColumnsAhead && !kClustered && Math::kColumnSums == 0 && Math::kColumnInputs != 0;
   static constexpr bool kKeeps = Math::kKeptValues > 0;
   using RowView<T, Args>::args;
   using RowView<T, Args>::r;
@@ -691,9 +697,11 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
   // and the row's values of the per-row inputs the forward saved (Math::kSavedInputs).
   // Loaded with the vectors, a pipelined row has them before its math starts: read in
   // the math, each row waited for their loads (the backwards' first instructions).
+  // Where kLoadsColumnsAhead, also this thread's vectors of the per-column inputs.
   struct Vectors {
     Cached v[Args::kInputs][P];
     float saved[Args::kInputs];
+    Cached columns[kLoadsColumnsAhead ? P : 1][Args::kInputs];
   };
   // What a group keeps for the chunk of rows it takes (calls with per-column outputs):
   // this thread's part of the chunk's per-column sums and, where kKeepsColumns, its
@@ -765,6 +773,13 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
         else out.v[k][i].zero();
       }
     }
+    if constexpr (kLoadsColumnsAhead) {
+      AVO_UNROLL
+      for (int i = 0; i < P; ++i) {
+        const int v = i * threads + lane;
+        if (is_active && v < vectors) load_column_vectors<Math::kColumnInputs, Math>(args, v, out.columns[i]);
+      }
+    }
   }
 
   __device__ __forceinline__ int vector_index(int i) const { return i * group_threads + lane; }
@@ -810,6 +825,10 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
     for (int i = 0; i < P; ++i) {
       const int v = vector_index(i);
       if (!active || v >= vectors) continue;
+      if constexpr (kLoadsColumnsAhead) {
+        visit(i, v, cache.columns[i]);
+        continue;
+      }
       if constexpr (kKeepsColumns) {
         if (chunk != nullptr) {
           visit(i, v, chunk->columns[i]);
@@ -1449,13 +1468,26 @@ __device__ __forceinline__ void pipelined_rows(const Args& args, int64_t count, 
   }
 }
 
+// Whether the register rows of a thread holding kVectors load their per-column vectors
+// ahead (RegisterRow's kColumnsAhead): the narrow rows, whose threads hold half the
+// vectors of the plain register row and have the registers for them. Otherwise the
+// row's last pass loads them after the row's reductions, and the group waits for those
+// loads with nothing else in flight. On the H200 (2^26 elements) rmsnorm's narrow
+// forward at N = 4096 ran in 69.4 us instead of 70.4 in bf16, at 2048 in 68.0 instead of
+// 68.6, add_rmsnorm's fp32 one at 4096 in 259.5 instead of 262.8. In groups of 512
+// threads or more the extra registers cost more than they save (rmsnorm's bf16 at 8192
+// 72.8 us instead of 70.0, its fp32 at 4096 136.6 instead of 132.9): the narrow line of
+// the dispatch table (benchmarks/tune_rows.py) ends below them.
+template <typename Math, bool kPipelined, int kVectors>
+constexpr bool kNarrowColumnsAhead = !kPipelined && kVectors < kRowVectors<Math>;
+
 // Groups of `group_threads` take rows; with per-column sums, group c of the grid takes
 // chunk c and keeps its columns' sums in registers until the chunk is done. kPipelined
 // (only where kCanPipeline<Math>): see pipelined_rows. kVectors: the vectors a thread
 // holds (RegisterRow's P; twice kRowVectors in a wide row, see kWideRow).
 template <typename T, typename Args, typename Math, int V, bool kPipelined, int kVectors = kRowVectors<Math>>
 __device__ __forceinline__ void register_rows(const Args& args, const Math& math, int group_threads) {
-  using Row = RegisterRow<T, Args, Math, V, false, kVectors>;
+  using Row = RegisterRow<T, Args, Math, V, false, kVectors, kNarrowColumnsAhead<Math, kPipelined, kVectors>>;
   // group_threads is a power of two: shifts and a mask, not integer divisions.
   const int shift = __ffs(group_threads) - 1;
   const int groups = blockDim.x >> shift;
@@ -1516,7 +1548,8 @@ __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math, 
 
 // Narrow rows: the register version (unpipelined) with groups holding half the vectors
 // a thread (narrow_row_kernel), twice the threads a row, for maths without per-column
-// sums. The dispatch table's "narrow" line says up to which length they run: short rows,
+// sums; the threads load their per-column vectors with the row (kNarrowColumnsAhead).
+// The dispatch table's "narrow" line says up to which length they run: short rows,
 // where a thread of the plain register row does the row's setup and reductions for more
 // elements. On the H200 (262144x256 bf16) rmsnorm's forward ran in 68.4 us instead of
 // 69.9, add_rmsnorm's in 131.0 instead of 134.2, add_layernorm's in 131.0 instead of
