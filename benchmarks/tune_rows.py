@@ -46,6 +46,11 @@ An eighth, narrow_max_vectors, is the other way round: the longest row up to whi
 narrow is faster than the fastest of register, pipelined and wide by more than --margin
 there and no slower by more than --tolerance at every shorter one, over N up to 32768
 (the kernels with per-column sums have no narrow rows: never).
+A ninth, small_cluster_blocks_min_vectors, times each call that takes the cluster
+version without per-column sums (the table's choice) with full and with small blocks
+(avo_ops._C.set_cluster_blocks; cluster_block_threads in csrc/include/avo/row_cuda.cuh)
+and compares small against full, at the lengths where the two differ
+(avo_ops._C.last_cluster_block_threads).
 Forwards are not timed tiled: the tiled version takes only backwards with per-column
 sums. A run that took another version (a backward of two per-element inputs of four
 vectors a thread cannot pipeline) is dropped because, kept, it would time the table's
@@ -102,13 +107,17 @@ TABLE_VERSIONS = {"staged_min_vectors": ("register", "pipelined", "wide", "narro
                   "cluster_min_vectors": ("register", "pipelined", "wide", "narrow", "staged", "cluster"),
                   "wide_min_vectors": ("register", "pipelined", "wide"),
                   "coarse_chunks_min_vectors": ("fine_chunks", "coarse_chunks"),
-                  "narrow_max_vectors": ("register", "pipelined", "wide", "narrow")}
+                  "narrow_max_vectors": ("register", "pipelined", "wide", "narrow"),
+                  "small_cluster_blocks_min_vectors": ("full_cluster_blocks", "small_cluster_blocks")}
 # A table's name on the command line: "staged" for staged_min_vectors, "narrow" for
 # narrow_max_vectors.
 TABLE_NAMES = {t.removesuffix("_min_vectors").removesuffix("_max_vectors"): t for t in TABLE_VERSIONS}
 # The table of the chunks of rows, and its two timings (named like versions).
 CHUNK_TABLE = "coarse_chunks_min_vectors"
 CHUNK_SIZES = ("fine", "coarse")
+# The table of the cluster version's blocks, and its two timings (named like versions).
+CLUSTER_BLOCKS_TABLE = "small_cluster_blocks_min_vectors"
+CLUSTER_BLOCKS = ("full", "small")
 # The versions a direction is not timed on: forwards never tile and have no chunks.
 UNTIMED = {"fwd": ("tiled", "fine_chunks", "coarse_chunks"), "bwd": ()}
 # The tables compared on rows of up to STAGED_MAX_LENGTH only: beyond, only the last
@@ -132,23 +141,42 @@ def time_version(avo_ops, case, shape, dtype, version: str, timer: bench_ops.Tim
     return sorted(times)[len(times) // 2] if took == version else None
 
 
-def time_chunk_sizes(avo_ops, case, shape, dtype, timer: bench_ops.Timer) -> dict[str, float]:
-    """Median microseconds of one call of the avo kernel (the table's version) with fine
-    and with coarse chunks of rows, as {"fine_chunks": us, "coarse_chunks": us}; {} where
-    the call has no per-column sums or both sizes give the same chunks."""
+def time_choices(case, shape, dtype, timer: bench_ops.Timer, choose, choices: tuple[str, ...], suffix: str,
+                 taken) -> dict[str, float]:
+    """Median microseconds of one call of the avo kernel (the table's version) with each of
+    `choices` forced by `choose`, as {f"{choice}_{suffix}": us}; {} where `taken()`, what
+    the call took after it ran (the rows of a chunk, a cluster row's block threads), is 0
+    for any choice (the call had none to make) or the same for two of them."""
     arg_sets = bench_ops.input_sets(case, shape, dtype)
-    times, rows = {}, {}
+    times, took = {}, []
     try:
-        for size in CHUNK_SIZES:
-            avo_ops._C.set_chunk_size(size)
+        for choice in choices:
+            choose(choice)
             measured = timer.measure(case.avo, arg_sets)
-            times[f"{size}_chunks"] = sorted(measured)[len(measured) // 2]
-            rows[size] = avo_ops._C.last_rows_per_chunk()
+            times[f"{choice}_{suffix}"] = sorted(measured)[len(measured) // 2]
+            took.append(taken())
     finally:
-        avo_ops._C.set_chunk_size("auto")
+        choose("auto")
     del arg_sets
     torch.cuda.empty_cache()
-    return times if rows["fine"] != rows["coarse"] else {}
+    return times if all(took) and len(set(took)) == len(took) else {}
+
+
+def time_chunk_sizes(avo_ops, case, shape, dtype, timer: bench_ops.Timer) -> dict[str, float]:
+    """{"fine_chunks": us, "coarse_chunks": us} of a backward with per-column sums (time_choices)."""
+    return time_choices(case, shape, dtype, timer, avo_ops._C.set_chunk_size, CHUNK_SIZES, "chunks",
+                        avo_ops._C.last_rows_per_chunk)
+
+
+def time_cluster_blocks(avo_ops, case, shape, dtype, timer: bench_ops.Timer) -> dict[str, float]:
+    """{"full_cluster_blocks": us, "small_cluster_blocks": us} of a call that takes the
+    cluster version (time_choices)."""
+    def block_threads():
+        clustered = avo_ops._C.last_row_version() == "cluster"
+        return avo_ops._C.last_cluster_block_threads() if clustered else 0
+
+    return time_choices(case, shape, dtype, timer, avo_ops._C.set_cluster_blocks, CLUSTER_BLOCKS,
+                        "cluster_blocks", block_threads)
 
 
 def threshold(points: list[tuple[int, float, float]], margin: float, tolerance: float) -> int | None:
@@ -291,17 +319,22 @@ def main(argv=None) -> int:
             times = {v: time_version(avo_ops, case, shape, dtype, v, timer) for v in tried}
             chunked = CHUNK_TABLE in table_names and direction == "bwd"
             chunk_times = time_chunk_sizes(avo_ops, case, shape, dtype, timer) if chunked else {}
+            clustered = CLUSTER_BLOCKS_TABLE in table_names
+            block_times = time_cluster_blocks(avo_ops, case, shape, dtype, timer) if clustered else {}
             timed = [v for v in tried if times[v] is not None]
             vectors = n * dtype.itemsize // 16
             measurements.append({"op": op, "kernel": ROLES[direction], "dtype": dtype_name, "row_length": n,
                                  "vectors": vectors, "shape": list(shape),
                                  **{f"{v}_us": round(times[v], 2) for v in timed},
-                                 **{f"{k}_us": round(t, 2) for k, t in chunk_times.items()}})
+                                 **{f"{k}_us": round(t, 2) for k, t in chunk_times.items()},
+                                 **{f"{k}_us": round(t, 2) for k, t in block_times.items()}})
             chunk_note = ([f"{k} {t:.1f} us" for k, t in chunk_times.items()] or ["chunks the same either way"]
                           if chunked else [])
+            block_note = ([f"{k} {t:.1f} us" for k, t in block_times.items()] or ["cluster blocks the same either way"]
+                          if clustered else [])
             print(f"[{i}/{len(plan)}] {op}.{direction} {dtype_name} N={n}: "
                   + ", ".join([f"{v} {times[v]:.1f} us" if times[v] is not None else f"{v} cannot take it"
-                               for v in tried] + chunk_note), file=sys.stderr, flush=True)
+                               for v in tried] + chunk_note + block_note), file=sys.stderr, flush=True)
     found = {group: thresholds(points, table_names, args.margin, args.tolerance)
              for group, points in by_group(measurements).items()}
     run = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

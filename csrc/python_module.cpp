@@ -1,8 +1,9 @@
 // The Python module `avo_ops._C`. Importing it runs the static TORCH_LIBRARY
 // registrations of the linked op sources; it exposes built_with_cuda(), cpu_threads(),
 // set_row_version(), last_row_version(), set_chunk_size(), last_rows_per_chunk(),
-// cpu_copies(), set_cpu_copy(), cpu_copy() and last_cpu_copy() (for tests and
-// benchmarks), and the ops' entry points for the functional API (generated/python_calls.cpp).
+// set_cluster_blocks(), last_cluster_block_threads(), cpu_copies(), set_cpu_copy(),
+// cpu_copy() and last_cpu_copy() (for tests and benchmarks), and the ops' entry points
+// for the functional API (generated/python_calls.cpp).
 #include <Python.h>
 
 #include <ATen/Parallel.h>
@@ -48,65 +49,76 @@ const char* str_argument(const char* function, PyObject* arg) {
   return text;
 }
 
-const struct {
+// A name the set_* functions take, and the value it stands for.
+template <typename T>
+struct Named {
   const char* name;
-  avo::RowVersion version;
-} kVersions[] = {{"auto", avo::RowVersion::kAuto},
-                 {"register", avo::RowVersion::kRegister},
-                 {"pipelined", avo::RowVersion::kPipelined},
-                 {"wide", avo::RowVersion::kWide},
-                 {"narrow", avo::RowVersion::kNarrow},
-                 {"staged", avo::RowVersion::kStaged},
-                 {"cluster", avo::RowVersion::kCluster},
-                 {"global", avo::RowVersion::kGlobal},
-                 {"tiled", avo::RowVersion::kTiled}};
+  T value;
+};
+
+// Sets `target` to the value of `choices` that `arg` names, or raises a ValueError of
+// `function` naming the `kind` of choice and every name it takes.
+template <typename T, size_t N>
+PyObject* set_named(const char* function, const char* kind, PyObject* arg, const Named<T> (&choices)[N], T& target) {
+  const char* name = str_argument(function, arg);
+  if (name == nullptr) return nullptr;
+  std::string expected;
+  for (size_t i = 0; i < N; ++i) {
+    if (std::strcmp(name, choices[i].name) == 0) {
+      target = choices[i].value;
+      Py_RETURN_NONE;
+    }
+    expected += std::string(i == 0 ? "'" : i + 1 == N ? " or '" : ", '") + choices[i].name + "'";
+  }
+  PyErr_Format(PyExc_ValueError, "%s: unknown %s '%s'; expected %s", function, kind, name, expected.c_str());
+  return nullptr;
+}
+
+const Named<avo::RowVersion> kVersions[] = {{"auto", avo::RowVersion::kAuto},
+                                            {"register", avo::RowVersion::kRegister},
+                                            {"pipelined", avo::RowVersion::kPipelined},
+                                            {"wide", avo::RowVersion::kWide},
+                                            {"narrow", avo::RowVersion::kNarrow},
+                                            {"staged", avo::RowVersion::kStaged},
+                                            {"cluster", avo::RowVersion::kCluster},
+                                            {"global", avo::RowVersion::kGlobal},
+                                            {"tiled", avo::RowVersion::kTiled}};
 
 // set_row_version(name): "auto", "register", "pipelined", "wide", "narrow", "staged", "cluster",
 // "global" or "tiled".
 PyObject* set_row_version(PyObject*, PyObject* arg) {
-  const char* name = str_argument("set_row_version", arg);
-  if (name == nullptr) return nullptr;
-  for (const auto& v : kVersions) {
-    if (std::strcmp(name, v.name) == 0) {
-      avo::forced_row_version() = v.version;
-      Py_RETURN_NONE;
-    }
-  }
-  PyErr_Format(PyExc_ValueError,
-               "set_row_version: unknown version '%s'; expected 'auto', 'register', 'pipelined', 'wide', 'narrow', 'staged', 'cluster', 'global' or 'tiled'",
-               name);
-  return nullptr;
+  return set_named("set_row_version", "version", arg, kVersions, avo::forced_row_version());
 }
 
 // last_row_version(): the name of the version the last CUDA row-op call took ("auto"
 // before any).
 PyObject* last_row_version(PyObject*, PyObject*) {
   for (const auto& v : kVersions)
-    if (v.version == avo::last_row_version()) return PyUnicode_FromString(v.name);
+    if (v.value == avo::last_row_version()) return PyUnicode_FromString(v.name);
   return PyUnicode_FromString("auto");
 }
 
 // set_chunk_size(name): "auto", "fine" or "coarse" (avo::ChunkSize).
 PyObject* set_chunk_size(PyObject*, PyObject* arg) {
-  const char* name = str_argument("set_chunk_size", arg);
-  if (name == nullptr) return nullptr;
-  const struct {
-    const char* name;
-    avo::ChunkSize size;
-  } sizes[] = {{"auto", avo::ChunkSize::kAuto}, {"fine", avo::ChunkSize::kFine}, {"coarse", avo::ChunkSize::kCoarse}};
-  for (const auto& c : sizes) {
-    if (std::strcmp(name, c.name) == 0) {
-      avo::forced_chunk_size() = c.size;
-      Py_RETURN_NONE;
-    }
-  }
-  PyErr_Format(PyExc_ValueError, "set_chunk_size: unknown size '%s'; expected 'auto', 'fine' or 'coarse'", name);
-  return nullptr;
+  static const Named<avo::ChunkSize> sizes[] = {
+      {"auto", avo::ChunkSize::kAuto}, {"fine", avo::ChunkSize::kFine}, {"coarse", avo::ChunkSize::kCoarse}};
+  return set_named("set_chunk_size", "size", arg, sizes, avo::forced_chunk_size());
 }
 
 // last_rows_per_chunk(): the rows a chunk of the per-column sums of the last CUDA row-op
 // call (0 when it had none, or before any).
 PyObject* last_rows_per_chunk(PyObject*, PyObject*) { return PyLong_FromLongLong(avo::last_rows_per_chunk()); }
+
+// set_cluster_blocks(name): "auto", "full" or "small" (avo::ClusterBlocks).
+PyObject* set_cluster_blocks(PyObject*, PyObject* arg) {
+  static const Named<avo::ClusterBlocks> blocks[] = {
+      {"auto", avo::ClusterBlocks::kAuto}, {"full", avo::ClusterBlocks::kFull}, {"small", avo::ClusterBlocks::kSmall}};
+  return set_named("set_cluster_blocks", "blocks", arg, blocks, avo::forced_cluster_blocks());
+}
+
+// last_cluster_block_threads(): the threads of a block of the last CUDA row-op call that
+// took the cluster version (0 before any).
+PyObject* last_cluster_block_threads(PyObject*, PyObject*) { return PyLong_FromLong(avo::last_cluster_block_threads()); }
 
 const struct {
   const char* name;
@@ -177,6 +189,12 @@ PyMethodDef methods[] = {
     {"last_rows_per_chunk", last_rows_per_chunk, METH_NOARGS,
      "The rows a chunk of the per-column sums of the last CUDA row-op call (0 without them). For tests and "
      "benchmarks."},
+    {"set_cluster_blocks", set_cluster_blocks, METH_O,
+     "Makes every CUDA row-op call that takes the cluster version without per-column sums take full or small "
+     "blocks ('full', 'small'), or the dispatch table's choice ('auto'). For tests and benchmarks."},
+    {"last_cluster_block_threads", last_cluster_block_threads, METH_NOARGS,
+     "The threads of a block of the last CUDA row-op call that took the cluster version (0 before any). For tests "
+     "and benchmarks."},
     {"cpu_copies", cpu_copies, METH_NOARGS,
      "The copies of the CPU kernels this build has and this machine can run, best first ('avx512', 'avx2', "
      "'baseline'). For tests and benchmarks."},

@@ -976,6 +976,108 @@ def test_set_chunk_size_rejects_unknown_names():
         avo_ops._C.set_chunk_size("huge")
 
 
+# Small cluster blocks (cluster_block_threads' `small` in avo/row_cuda.cuh, which a GPU's
+# table takes from a measured length on for cluster rows without per-column sums): a
+# quarter of the threads a block, or as small as 16 blocks a cluster allow. 301 rows of
+# 65536 give the clusters several rows each; 2 rows of 262144 leave most clusters none;
+# 7 rows of 16384 make clusters of blocks of 128 threads. The backwards with parameter
+# gradients keep their blocks.
+SMALL_CLUSTER_SHAPES = [(301, 65536), (2, 262144), (7, 16384)]
+
+
+@pytest.fixture
+def small_cluster_blocks():
+    avo_ops._C.set_cluster_blocks("small")
+    yield
+    avo_ops._C.set_cluster_blocks("auto")
+
+
+@needs_cuda
+@pytest.mark.parametrize("row_version", ["cluster"], indirect=True)
+@pytest.mark.parametrize("shape", SMALL_CLUSTER_SHAPES, ids=str)
+@pytest.mark.parametrize("name", ALL)
+def test_cluster_kernel_version_in_small_blocks_matches_float64(name, shape, row_version, small_cluster_blocks, dtype):
+    op = OPS[name]
+    tensors = make_inputs(op, shape, dtype, "cuda")
+    rtol = 1e-4 if dtype == torch.float32 else None
+    check_values(op, tensors, dtype, rtol=rtol)
+    check_gradients(op, tensors, dtype, op.op)
+
+
+@needs_cuda
+def test_set_cluster_blocks_sets_the_threads_of_a_cluster_rows_blocks():
+    """What the tuner relies on: rmsnorm's bf16 forward of 65536 in the cluster version
+    takes blocks of 1024 threads (2 a cluster) forced full, of 256 (8 a cluster) forced
+    small; its backward with the weight's gradient keeps its blocks either way."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("thread-block clusters need sm_90")
+    x = torch.randn(4, 65536, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(65536, device="cuda", dtype=torch.bfloat16)
+    g = torch.randn_like(x)
+    rrms = torch.ops.avo.rmsnorm_forward(x, w)[1]
+    backward_threads = {}
+    try:
+        avo_ops._C.set_row_version("cluster")
+        for blocks, threads in (("full", 1024), ("small", 256)):
+            avo_ops._C.set_cluster_blocks(blocks)
+            torch.ops.avo.rmsnorm(x, w)
+            assert avo_ops._C.last_row_version() == "cluster"
+            assert avo_ops._C.last_cluster_block_threads() == threads
+            torch.ops.avo.rmsnorm_backward(g, rrms, x, w)
+            assert avo_ops._C.last_row_version() == "cluster"
+            backward_threads[blocks] = avo_ops._C.last_cluster_block_threads()
+    finally:
+        avo_ops._C.set_row_version("auto")
+        avo_ops._C.set_cluster_blocks("auto")
+    assert backward_threads["full"] == backward_threads["small"]
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_a_cluster_rmsnorm_forward_of_65536_takes_the_blocks_of_the_tables_small_line(dtype):
+    """The sm_90 table's small line for rmsnorm's forward (tuning/sm_90.json, read as the
+    generator reads it for the build), not forced: rows of 65536 elements in the cluster
+    version take small blocks (256 threads: 8 a cluster in bf16, 16 in fp32) where the line
+    is at or below their length, full ones (1024) otherwise; both match float64."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the small line is measured for sm_90")
+    sm_90 = next(t for t in load_tunings(str(ROOT)) if t.arch == 90)
+    dtype_name = {torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype]
+    line = sm_90.threshold("small_cluster_blocks_min_vectors", "rmsnorm", "forward", dtype_name)
+    vectors = 65536 * dtype.itemsize // 16
+    small = line is not None and vectors >= line
+    op = OPS["rmsnorm"]
+    tensors = make_inputs(op, (3, 65536), dtype, "cuda")
+    try:
+        avo_ops._C.set_row_version("cluster")
+        check_values(op, tensors, dtype, rtol=1e-4 if dtype == torch.float32 else None)
+        assert avo_ops._C.last_row_version() == "cluster"
+        threads = avo_ops._C.last_cluster_block_threads()
+    finally:
+        avo_ops._C.set_row_version("auto")
+    assert threads == (256 if small else 1024)
+
+
+def test_set_cluster_blocks_rejects_unknown_names():
+    with pytest.raises(ValueError, match="set_cluster_blocks: unknown blocks 'tiny'"):
+        avo_ops._C.set_cluster_blocks("tiny")
+
+
+def test_the_row_kernel_setters_take_each_of_their_names():
+    """set_row_version, set_chunk_size and set_cluster_blocks accept every name they list;
+    each is set back by 'auto'."""
+    setters = {avo_ops._C.set_row_version: ["register", "pipelined", "wide", "narrow", "staged", "cluster", "global",
+                                            "tiled"],
+               avo_ops._C.set_chunk_size: ["fine", "coarse"],
+               avo_ops._C.set_cluster_blocks: ["full", "small"]}
+    for setter, names in setters.items():
+        try:
+            for name in names:
+                assert setter(name) is None
+        finally:
+            setter("auto")
+
+
 def test_set_row_version_rejects_unknown_names():
     with pytest.raises(ValueError, match="set_row_version: unknown version 'fast'"):
         avo_ops._C.set_row_version("fast")

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import sys
+import types
 
 import pytest
 
@@ -46,9 +47,10 @@ def test_without_tuning_files_every_gpu_gets_the_default(tmp_path):
     never = "{avo::kNever, avo::kNever, avo::kNever}"
     assert "//   | backward | any other GPU | coarse    |    never |    never |    never |" in cu
     assert "//   | forward  | any other GPU | narrow    |    never |    never |    never |" in cu
+    assert "//   | forward  | any other GPU | small     |    never |    never |    never |" in cu
     # the narrow line gives rows up to a length: never is 0 vectors there
     never_up_to = "{avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}"
-    assert f"{{0, {never}, {never}, {never}, {never}, {never}, {never}, {never}, {never_up_to}}}," in cu
+    assert f"{{0, {never}, {never}, {never}, {never}, {never}, {never}, {never}, {never_up_to}, {never}}}," in cu
     assert "(args, ForwardMath{}, kForwardTuning, stream)" in cu and "kBackwardTuning, stream)" in cu
 
 
@@ -62,7 +64,8 @@ def test_a_tuning_file_sets_the_thresholds_of_its_arch(tmp_path):
               "cluster_min_vectors": {"softmax": {"backward": {"bfloat16": 1024}}},
               "wide_min_vectors": {"softmax": {"forward": {"float32": 2048}}},
               "coarse_chunks_min_vectors": {"softmax": {"backward": {"float16": 2048}}},
-              "narrow_max_vectors": {"softmax": {"forward": {"float16": 64, "bfloat16": 32}}}}
+              "narrow_max_vectors": {"softmax": {"forward": {"float16": 64, "bfloat16": 32}}},
+              "small_cluster_blocks_min_vectors": {"softmax": {"forward": {"bfloat16": 8192}}}}
     cu = _softmax_cu(_tree(tmp_path, tuning))
     assert "//   | forward  | sm_90 (NVIDIA H200) | staged    |      512 |    never |     2048 |" in cu
     assert "//   | forward  | sm_90 (NVIDIA H200) | global    |    never |    never |     4096 |" in cu
@@ -78,22 +81,25 @@ def test_a_tuning_file_sets_the_thresholds_of_its_arch(tmp_path):
     assert "//   | backward | sm_90 (NVIDIA H200) | coarse    |     2048 |    never |    never |" in cu
     assert "//   | forward  | sm_90 (NVIDIA H200) | narrow    |       64 |       32 |    never |" in cu
     assert "//   | backward | sm_90 (NVIDIA H200) | narrow    |    never |    never |    never |" in cu
+    assert "//   | forward  | sm_90 (NVIDIA H200) | small     |    never |     8192 |    never |" in cu
+    assert "//   | backward | sm_90 (NVIDIA H200) | small     |    never |    never |    never |" in cu
     forward = cu[cu.index("kForwardTuning[] = {"):]
     never = "{avo::kNever, avo::kNever, avo::kNever}"
     never_up_to = "{avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}"
     assert forward.splitlines()[1].strip() == (
         "{90, {512, avo::kNever, 2048}, {avo::kNever, avo::kNever, 4096}, {avo::kNever, 256, avo::kNever}, "
-        f"{never}, {never}, " + "{avo::kNever, avo::kNever, 2048}, " + f"{never}, " + "{64, 32, avo::kNeverUpTo}},")
+        f"{never}, {never}, " + "{avo::kNever, avo::kNever, 2048}, " + f"{never}, " + "{64, 32, avo::kNeverUpTo}, "
+        "{avo::kNever, 8192, avo::kNever}},")
     assert forward.splitlines()[2].strip() == (
-        f"{{0, {never}, {never}, {never}, {never}, {never}, {never}, {never}, {never_up_to}}},")
+        f"{{0, {never}, {never}, {never}, {never}, {never}, {never}, {never}, {never_up_to}, {never}}},")
     backward = cu[cu.index("kBackwardTuning[] = {"):]
     assert backward.splitlines()[1].strip() == (
         "{90, {avo::kNever, avo::kNever, 1024}, " + f"{never}, {never}, " + "{2048, avo::kNever, avo::kNever}, "
         "{avo::kNever, 1024, avo::kNever}, " + f"{never}, " + "{2048, avo::kNever, avo::kNever}, "
-        f"{never_up_to}}},")
+        f"{never_up_to}, {never}}},")
 
 
-def test_a_tuning_file_without_global_pipelined_tiled_cluster_wide_coarse_or_narrow_tables_never_picks_them(tmp_path):
+def test_a_tuning_file_without_global_pipelined_tiled_cluster_wide_coarse_narrow_or_small_tables_never_picks_them(tmp_path):
     tuning = {"arch": 90, "gpu": "NVIDIA H200", "staged_min_vectors": {"softmax": {"forward": {"float16": 512}}}}
     cu = _softmax_cu(_tree(tmp_path, tuning))
     assert "//   | forward  | sm_90 (NVIDIA H200) | global    |    never |    never |    never |" in cu
@@ -103,7 +109,8 @@ def test_a_tuning_file_without_global_pipelined_tiled_cluster_wide_coarse_or_nar
     assert "//   | forward  | sm_90 (NVIDIA H200) | wide      |    never |    never |    never |" in cu
     assert "//   | backward | sm_90 (NVIDIA H200) | coarse    |    never |    never |    never |" in cu
     assert "//   | forward  | sm_90 (NVIDIA H200) | narrow    |    never |    never |    never |" in cu
-    assert "{avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}}," in cu
+    assert "//   | forward  | sm_90 (NVIDIA H200) | small     |    never |    never |    never |" in cu
+    assert "{avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}}," in cu
 
 
 @pytest.mark.parametrize("content, name, phrase", [
@@ -269,6 +276,65 @@ def test_coarse_chunks_threshold_is_against_fine_chunks_where_they_differ():
     # slower with coarse chunks (fp32 on the H200): never
     points[2] = m(16384, 238, 258)
     assert thresholds(points, ["coarse_chunks_min_vectors"], 0.01, 0.03) == {"coarse_chunks_min_vectors": None}
+
+
+def test_small_cluster_blocks_threshold_is_against_full_blocks_where_they_differ():
+    from tune_rows import thresholds
+
+    def m(n, full, small):
+        times = {"full_cluster_blocks_us": full, "small_cluster_blocks_us": small}
+        return {"kernel": "forward", "row_length": n, "vectors": n // 8,
+                **{k: v for k, v in times.items() if v is not None}}
+
+    # rows the table gives another version have no times and are no points
+    points = [m(16384, None, None), m(32768, 151.6, 147.6), m(65536, 161.4, 150.0), m(262144, 174.7, 173.9)]
+    assert thresholds(points, ["small_cluster_blocks_min_vectors"], 0.01, 0.03) == {
+        "small_cluster_blocks_min_vectors": 4096}
+    # slower with small blocks by more than the tolerance at a longer row, no gain past it: never
+    points[2] = m(65536, 88.0, 92.2)
+    assert thresholds(points, ["small_cluster_blocks_min_vectors"], 0.01, 0.03) == {
+        "small_cluster_blocks_min_vectors": None}
+
+
+class _StubTimer:
+    """Times nothing: `measure` runs the call once and returns the times `plan` gives the
+    choice in force."""
+
+    def __init__(self, plan, state):
+        self.plan, self.state = plan, state
+
+    def measure(self, call, arg_sets):
+        call(*arg_sets[0])
+        return self.plan[self.state["choice"]]
+
+
+def _time_choices(monkeypatch, taken_by_choice):
+    import bench_ops
+    from tune_rows import time_choices
+
+    monkeypatch.setattr(bench_ops, "input_sets", lambda case, shape, dtype: [(1,)])
+    state = {"choice": "auto", "calls": []}
+    case = types.SimpleNamespace(avo=lambda x: state["calls"].append(state["choice"]))
+
+    def choose(choice):
+        state["choice"] = choice
+
+    timer = _StubTimer({"full": [3.0, 1.0, 2.0], "small": [5.0, 4.0, 6.0]}, state)
+    times = time_choices(case, (4, 8), None, timer, choose, ("full", "small"), "cluster_blocks",
+                         lambda: taken_by_choice[state["choice"]])
+    return times, state
+
+
+def test_time_choices_times_each_forced_choice_and_restores_auto(monkeypatch):
+    times, state = _time_choices(monkeypatch, {"full": 1024, "small": 256})
+    assert times == {"full_cluster_blocks": 2.0, "small_cluster_blocks": 5.0}  # the medians
+    assert state["calls"] == ["full", "small"] and state["choice"] == "auto"
+
+
+@pytest.mark.parametrize("taken", [{"full": 512, "small": 512}, {"full": 0, "small": 0}, {"full": 1024, "small": 0}])
+def test_time_choices_keeps_no_times_where_the_choices_took_the_same_or_nothing(monkeypatch, taken):
+    times, state = _time_choices(monkeypatch, taken)
+    assert times == {} and state["choice"] == "auto"
 
 
 def test_recompute_takes_the_last_runs_measurements(tmp_path):

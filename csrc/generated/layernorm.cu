@@ -19,8 +19,9 @@ namespace avo::ops::layernorm {
 // them, the tiled version from the length of the "tiled" line on (a backward with
 // per-column sums, where it can be); "never": only where no other version fits. A
 // backward with per-column sums takes coarse chunks of rows (avo::rows_per_chunk)
-// from the length of the "coarse" line on. Measured by benchmarks/tune_rows.py
-// (tuning/sm_<arch>.json).
+// from the length of the "coarse" line on, and the cluster version without
+// per-column sums small blocks (avo::cluster_block_threads) from that of the
+// "small" line on. Measured by benchmarks/tune_rows.py (tuning/sm_<arch>.json).
 //   | kernel   | GPU                 | line      |  float16 | bfloat16 |  float32 |
 //   | forward  | sm_90 (NVIDIA H200) | staged    |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200) | global    |    never |    never |    never |
@@ -30,6 +31,7 @@ namespace avo::ops::layernorm {
 //   | forward  | sm_90 (NVIDIA H200) | wide      |     1024 |     1024 |     4096 |
 //   | forward  | sm_90 (NVIDIA H200) | coarse    |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200) | narrow    |    never |    never |    never |
+//   | forward  | sm_90 (NVIDIA H200) | small     |    16384 |    never |    never |
 //   | forward  | any other GPU       | staged    |    never |    never |    never |
 //   | forward  | any other GPU       | global    |    never |    never |    never |
 //   | forward  | any other GPU       | pipelined |    never |    never |    never |
@@ -38,6 +40,7 @@ namespace avo::ops::layernorm {
 //   | forward  | any other GPU       | wide      |    never |    never |    never |
 //   | forward  | any other GPU       | coarse    |    never |    never |    never |
 //   | forward  | any other GPU       | narrow    |    never |    never |    never |
+//   | forward  | any other GPU       | small     |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | staged    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | global    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | pipelined |       32 |       32 |       64 |
@@ -46,6 +49,7 @@ namespace avo::ops::layernorm {
 //   | backward | sm_90 (NVIDIA H200) | wide      |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | coarse    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | narrow    |    never |    never |    never |
+//   | backward | sm_90 (NVIDIA H200) | small     |    never |    never |    never |
 //   | backward | any other GPU       | staged    |    never |    never |    never |
 //   | backward | any other GPU       | global    |    never |    never |    never |
 //   | backward | any other GPU       | pipelined |    never |    never |    never |
@@ -54,13 +58,14 @@ namespace avo::ops::layernorm {
 //   | backward | any other GPU       | wide      |    never |    never |    never |
 //   | backward | any other GPU       | coarse    |    never |    never |    never |
 //   | backward | any other GPU       | narrow    |    never |    never |    never |
+//   | backward | any other GPU       | small     |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {1024, 1024, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}},
-    {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {1024, 1024, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {16384, avo::kNever, avo::kNever}},
+    {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, 64}, {8192, 2048, 32768}, {256, 2048, 512}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}},
-    {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, 64}, {8192, 2048, 32768}, {256, 2048, 512}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}},
+    {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 
 void forward_cuda(avo::DType dtype, const ForwardArgs& args, float eps, cudaStream_t stream) {

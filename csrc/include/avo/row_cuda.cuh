@@ -32,7 +32,9 @@
 //    Rows of two per-element inputs that 16 blocks of 512 threads cannot hold take
 //    wide cluster rows (wide_cluster_row_kernel: 2P vectors a thread).
 //    Where the call sums no columns, each thread copies its vectors of the per-column
-//    inputs (weight, bias) into shared memory once per kernel (ColumnStage).
+//    inputs (weight, bias) into shared memory once per kernel (ColumnStage), and from a
+//    measured length on the row takes small blocks, several a multiprocessor
+//    (cluster_block_threads).
 //  - GlobalRow, for the rest: each pass reads the row from global memory again (from L2
 //    after the first pass: launch_global_rows keeps few enough rows in flight). A block
 //    takes a row, or on sm_90 a cluster of up to 8 blocks shares a long row of 16-byte
@@ -1739,11 +1741,27 @@ __global__ void __launch_bounds__(kWideRowThreads, 1)
 }
 
 // The block size of a cluster row launch: `threads` (a power of two) over at least two
-// blocks, as few as the block size allows.
+// blocks, as few as the block size allows; `small` (the dispatch table's "small" line, a
+// row without per-column sums): a quarter of that, or as small as kMaxWideClusterBlocks
+// blocks allow, and no fewer than kMinSmallClusterBlockThreads. Small blocks put more
+// blocks of a cluster row on a multiprocessor (two to four instead of one or two): while
+// one waits at its reductions and cluster exchanges, the others load. On the H200 (2^26
+// elements) the 16-bit forwards at N = 65536 ran 2-8% faster with them (log_softmax's
+// bf16 in 78.7 us instead of 84.8, add_layernorm's in 149.3 instead of 158.5,
+// swish_layernorm's in 114.1 instead of 121.8, softmax's in 84.4 instead of 89.2), the
+// 16-bit backwards of softmax and log_softmax 3-4%, add_layernorm's fp32 forward at
+// 16384 in 277.9 instead of 288.9; layernorm's bf16 forward at 65536 lost 3% and
+// softmax's fp32 one 3%, so each op's line is measured (benchmarks/tune_rows.py).
+constexpr int kMinSmallClusterBlockThreads = 128;
 template <typename Math>
-int cluster_block_threads(int64_t threads) {
+int cluster_block_threads(int64_t threads, bool small = false) {
   const int64_t half = threads / 2 < 32 ? 32 : threads / 2;
-  return int(half < kMaxGroupThreads<Math> ? half : kMaxGroupThreads<Math>);
+  int block = int(half < kMaxGroupThreads<Math> ? half : kMaxGroupThreads<Math>);
+  for (int halvings = 0; small && halvings < 2 && block / 2 >= kMinSmallClusterBlockThreads &&
+                         threads / (block / 2) <= kMaxWideClusterBlocks;
+       ++halvings)
+    block /= 2;
+  return block;
 }
 
 // Bytes of shared memory a StagedRow block needs: kStages rows of every per-element input.
@@ -2103,9 +2121,9 @@ bool allow_dynamic_shared_bytes(Kernel kernel, size_t bytes, const DeviceInfo& d
 // then takes another version).
 template <typename T, typename Args, typename Math, int V, int P, typename Kernel>
 bool launch_cluster_kernel(Kernel kernel, const Args& args, const Math& math, int64_t vectors, bool chunked,
-                           const DeviceInfo& device, cudaStream_t stream, bool dry_run) {
+                           bool small_blocks, const DeviceInfo& device, cudaStream_t stream, bool dry_run) {
   const int64_t threads = threads_for(vectors, P);
-  int block = cluster_block_threads<Math>(threads);
+  int block = cluster_block_threads<Math>(threads, small_blocks && !chunked);
   // A pipelined cluster row with per-column sums (kPipelinedClusterSums: its kernel holds
   // one block a multiprocessor) takes blocks of half the threads where the cluster stays
   // portable, so that two clusters share a multiprocessor and one's loads fill the
@@ -2125,6 +2143,7 @@ bool launch_cluster_kernel(Kernel kernel, const Args& args, const Math& math, in
   const int resident = clusters.resident(kernel);
   if (resident < 1) return false;
   if (dry_run) return true;
+  last_cluster_block_threads() = block;
   // The copy of the per-column inputs (ColumnStage), where the call has some and wants no
   // per-column sums, and where it leaves as many clusters resident as without it.
   using Stage = ColumnStage<T, Args, Math, P, V>;
@@ -2140,18 +2159,21 @@ bool launch_cluster_kernel(Kernel kernel, const Args& args, const Math& math, in
 }
 
 // Launches the cluster version for rows of `vectors` vectors: cluster_row_kernel, or
-// wide_cluster_row_kernel for the rows of 16-byte vectors that only it holds.
+// wide_cluster_row_kernel for the rows of 16-byte vectors that only it holds; in small
+// blocks where `small_blocks` and the call sums no columns (cluster_block_threads).
 template <typename T, typename Args, typename Math, int V>
-bool launch_cluster_rows(const Args& args, const Math& math, int64_t vectors, bool chunked, const DeviceInfo& device,
-                         cudaStream_t stream, bool dry_run) {
+bool launch_cluster_rows(const Args& args, const Math& math, int64_t vectors, bool chunked, bool small_blocks,
+                         const DeviceInfo& device, cudaStream_t stream, bool dry_run) {
   if (device.arch < 90) return false;
   if constexpr (kWideCluster<Math> && V > 1) {
     if (threads_for(vectors, kRowVectors<Math>) > int64_t(kMaxWideClusterBlocks) * kMaxGroupThreads<Math>)
       return launch_cluster_kernel<T, Args, Math, V, kWideRowVectors<Math>>(
-          wide_cluster_row_kernel<T, Args, Math, V>, args, math, vectors, chunked, device, stream, dry_run);
+          wide_cluster_row_kernel<T, Args, Math, V>, args, math, vectors, chunked, small_blocks, device, stream,
+          dry_run);
   }
   return launch_cluster_kernel<T, Args, Math, V, kRowVectors<Math>>(cluster_row_kernel<T, Args, Math, V>, args, math,
-                                                                     vectors, chunked, device, stream, dry_run);
+                                                                     vectors, chunked, small_blocks, device, stream,
+                                                                     dry_run);
 }
 
 // Launches global_row_kernel. On sm_90, rows of 16-byte vectors longer than
@@ -2259,7 +2281,8 @@ RowThresholds row_thresholds(const RowTuning (&table)[N], int arch) {
     if (row.arch == arch || row.arch == 0)
       return {row.staged_min_vectors[index], row.global_min_vectors[index], row.pipelined_min_vectors[index],
               row.tiled_min_vectors[index], row.cluster_min_vectors[index], row.wide_min_vectors[index],
-              row.coarse_chunks_min_vectors[index], row.narrow_max_vectors[index]};
+              row.coarse_chunks_min_vectors[index], row.narrow_max_vectors[index],
+              row.small_cluster_blocks_min_vectors[index]};
   return {};
 }
 
@@ -2305,9 +2328,16 @@ void launch_row_op(const Args& given, const Math& math, const RowTuning (&tuning
   // Asked only where it could be chosen: the occupancy query costs host time.
   const bool may_cluster = forced_row_version() == RowVersion::kCluster ||
                            (!fits_registers && !fits_wide && !fits_staged) || vectors >= thresholds.cluster_min_vectors;
+  // Small cluster blocks from the table's "small" line on (rows of 16-byte vectors), or forced.
+  const ClusterBlocks forced_blocks = forced_cluster_blocks();
+  const bool small_blocks = forced_blocks == ClusterBlocks::kAuto
+                                ? vectorized && vectors >= thresholds.small_cluster_blocks_min_vectors
+                                : forced_blocks == ClusterBlocks::kSmall;
   const bool fits_cluster =
-      may_cluster && (vectorized ? launch_cluster_rows<T, Args, Math, V>(args, math, vectors, chunked, device, stream, true)
-                                 : launch_cluster_rows<T, Args, Math, 1>(args, math, vectors, chunked, device, stream, true));
+      may_cluster && (vectorized ? launch_cluster_rows<T, Args, Math, V>(args, math, vectors, chunked, small_blocks,
+                                                                         device, stream, true)
+                                 : launch_cluster_rows<T, Args, Math, 1>(args, math, vectors, chunked, small_blocks,
+                                                                         device, stream, true));
   // The tiled version: rows of two tiles or more (the binding then allocates the tile sums).
   const bool can_tile = kCanTile<Math> && chunked && vectorized && args.tile_sums != nullptr;
   const RowVersion version = pick_row_version(vectors, fits_registers, fits_wide, fits_narrow, fits_staged,
@@ -2360,8 +2390,8 @@ void launch_row_op(const Args& given, const Math& math, const RowTuning (&tuning
       break;
     }
     case RowVersion::kCluster:
-      if (vectorized) launch_cluster_rows<T, Args, Math, V>(args, math, vectors, chunked, device, stream, false);
-      else launch_cluster_rows<T, Args, Math, 1>(args, math, vectors, chunked, device, stream, false);
+      if (vectorized) launch_cluster_rows<T, Args, Math, V>(args, math, vectors, chunked, small_blocks, device, stream, false);
+      else launch_cluster_rows<T, Args, Math, 1>(args, math, vectors, chunked, small_blocks, device, stream, false);
       break;
     case RowVersion::kTiled:
       if constexpr (kCanTile<Math>) partial_chunks = launch_tiled_rows<T, Args, Math, V>(args, math, device, stream);

@@ -23,8 +23,10 @@ namespace avo {
 // threads holding half the vectors, for maths without per-column sums: kNarrowRow) up
 // to narrow_max_vectors[t] (before wide rows). A backward with per-column
 // sums spreads its rows over coarse chunks (rows_per_chunk in avo/row_args.h) from
-// coarse_chunks_min_vectors[t] on. The generated sources hold these tables, from the
-// files of tuning/ (benchmarks/tune_rows.py writes them).
+// coarse_chunks_min_vectors[t] on. A cluster row without per-column sums takes small
+// blocks (a quarter of the threads, cluster_block_threads in avo/row_cuda.cuh) from
+// small_cluster_blocks_min_vectors[t] on. The generated sources hold these tables, from
+// the files of tuning/ (benchmarks/tune_rows.py writes them).
 struct RowTuning {
   int arch;
   int64_t staged_min_vectors[3];
@@ -35,6 +37,7 @@ struct RowTuning {
   int64_t wide_min_vectors[3];
   int64_t coarse_chunks_min_vectors[3];
   int64_t narrow_max_vectors[3];
+  int64_t small_cluster_blocks_min_vectors[3];
 };
 
 // A version never taken by choice, only where no other fits: the threshold of a line
@@ -53,6 +56,7 @@ struct RowThresholds {
   int64_t wide_min_vectors = kNever;
   int64_t coarse_chunks_min_vectors = kNever;
   int64_t narrow_max_vectors = kNeverUpTo;
+  int64_t small_cluster_blocks_min_vectors = kNever;
 };
 
 // kPipelined is the register version loading the next row ahead (pipelined_rows), kWide
@@ -85,6 +89,21 @@ inline ChunkSize& forced_chunk_size() {
 }
 inline int64_t& last_rows_per_chunk() {
   static int64_t last = 0;
+  return last;
+}
+
+// The blocks of a GPU cluster row without per-column sums: as its table says (kAuto), or
+// forced full or small (cluster_block_threads' `small`), for tests and benchmarks
+// (avo_ops._C.set_cluster_blocks). The threads of a block of the last call that took the
+// cluster version (0 before any): a benchmark reads it to know whether forcing changed
+// the blocks.
+enum class ClusterBlocks { kAuto = -1, kFull, kSmall };
+inline ClusterBlocks& forced_cluster_blocks() {
+  static ClusterBlocks forced = ClusterBlocks::kAuto;
+  return forced;
+}
+inline int& last_cluster_block_threads() {
+  static int last = 0;
   return last;
 }
 
