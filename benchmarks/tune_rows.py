@@ -56,6 +56,11 @@ sums. A run that took another version (a backward of two per-element inputs of f
 vectors a thread cannot pipeline) is dropped because, kept, it would time the table's
 choice under every version's name at the longest rows, where then no threshold could
 be found.
+A line the file already has stays where this run's times do not beat it: where, at every
+row timed, the version it gives is no slower than the one the new line gives by more than
+--margin (two runs of one kernel differ by up to 1.7% on the H200, and a line whose gain
+sits at the margin would otherwise move back and forth between runs); --fresh takes every
+line from this run's times alone.
 --tables computes some of them (and times only the versions they compare); --ops,
 --kernels and --dtypes limit what is measured. Whatever a run does not measure is kept
 from the file it writes over. The file also keeps the date, versions and command of
@@ -67,7 +72,7 @@ times nothing: it computes --tables again from the measurements of the last run 
 
 Options: --ops, --kernels, --dtypes, --tables, --row-lengths, --elements (default 2^26),
 --reps (default 30), --margin (default 0.01), --tolerance (default 0.03), --out PATH
-(default tuning/sm_<arch>.json under the repository), --recompute PATH.
+(default tuning/sm_<arch>.json under the repository), --recompute PATH, --fresh.
 """
 from __future__ import annotations
 
@@ -201,13 +206,33 @@ def timed_us(measurement: dict, version: str) -> float | None:
     return measurement.get(f"{version}_us")
 
 
-def thresholds(measurements: list[dict], tables: list[str], margin: float, tolerance: float) -> dict[str, int | None]:
+def settled(points: list[tuple[int, float, float]], previous: int | None, found: int | None, up_to: bool,
+            margin: float) -> int | None:
+    """points: (vectors, incumbent us, challenger us). The line to write: `previous` (the
+    file's) where, at every point, the version it gives the row is no slower than the one
+    `found` gives by more than `margin`; otherwise `found`. Two runs of one kernel differ by
+    up to 1.7% on the H200, so a line whose gain sits at the margin would otherwise move
+    back and forth between runs."""
+    def takes(line, vectors):
+        return line is not None and (vectors <= line if up_to else vectors >= line)
+
+    for vectors, incumbent, challenger in points:
+        before = challenger if takes(previous, vectors) else incumbent
+        after = challenger if takes(found, vectors) else incumbent
+        if before > after * (1 + margin):
+            return found
+    return previous
+
+
+def thresholds(measurements: list[dict], tables: list[str], margin: float, tolerance: float,
+               previous: dict[str, int | None] | None = None) -> dict[str, int | None]:
     """Each of `tables` of one (op, kernel, dtype) from its measurements by increasing
     length: the last version TABLE_VERSIONS lists for the table against the fastest of the
     others that were timed, over the rows the staged version could hold for
     SHORT_ROW_TABLES, over all rows for the rest, and only where the challenger and at
     least one other were timed (forwards are not timed tiled, and a version is not timed
-    where the call cannot take it)."""
+    where the call cannot take it). `previous`: the lines the file has for this group
+    (table -> vectors or None), each kept where the measurements do not beat it (settled)."""
     found = {}
     for table in tables:
         *incumbents, challenger = TABLE_VERSIONS[table]
@@ -220,7 +245,21 @@ def thresholds(measurements: list[dict], tables: list[str], margin: float, toler
             if incumbent and challenger_us is not None:
                 points.append((m["vectors"], min(incumbent), challenger_us))
         found[table] = threshold(points[::-1] if table in UP_TO_TABLES else points, margin, tolerance)
+        if previous is not None and table in previous:
+            found[table] = settled(points, previous[table], found[table], table in UP_TO_TABLES, margin)
     return found
+
+
+def previous_lines(previous: dict, group: tuple[str, str, str], tables: list[str]) -> dict[str, int | None]:
+    """The lines of `tables` that the file `previous` has for (op, kernel, dtype) `group`
+    (None: never); a table without an entry for it is left out."""
+    op, role, dtype = group
+    lines = {}
+    for table in tables:
+        by_dtype = previous.get(table, {}).get(op, {}).get(role, {})
+        if dtype in by_dtype:
+            lines[table] = by_dtype[dtype]
+    return lines
 
 
 def by_group(measurements: list[dict]) -> dict[tuple[str, str, str], list[dict]]:
@@ -276,6 +315,8 @@ def main(argv=None) -> int:
     p.add_argument("--tolerance", type=float, default=0.03)
     p.add_argument("--out", help="default: tuning/sm_<arch>.json in the repository")
     p.add_argument("--recompute", metavar="PATH", help="time nothing: compute --tables again from PATH's last run")
+    p.add_argument("--fresh", action="store_true",
+                   help="every line from this run's times alone, none kept from the file it writes over")
     args = p.parse_args(argv)
 
     ops = [o for o in args.ops.split(",") if o]
@@ -335,19 +376,22 @@ def main(argv=None) -> int:
             print(f"[{i}/{len(plan)}] {op}.{direction} {dtype_name} N={n}: "
                   + ", ".join([f"{v} {times[v]:.1f} us" if times[v] is not None else f"{v} cannot take it"
                                for v in tried] + chunk_note + block_note), file=sys.stderr, flush=True)
-    found = {group: thresholds(points, table_names, args.margin, args.tolerance)
+    found = {group: thresholds(points, table_names, args.margin, args.tolerance,
+                               None if args.fresh else previous_lines(previous, group, table_names))
              for group, points in by_group(measurements).items()}
     run = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": shlex.join([os.path.basename(sys.executable), *sys.argv]),
            "torch": torch.__version__, "cuda": torch.version.cuda}
-    result = merged_file(previous, found, measurements, run, {"arch": arch, "gpu": torch.cuda.get_device_name(),
-                                                              "rule": rule_text(args.margin, args.tolerance)})
+    header = {"arch": arch, "gpu": torch.cuda.get_device_name(),
+              "rule": rule_text(args.margin, args.tolerance, kept=not args.fresh)}
+    result = merged_file(previous, found, measurements, run, header)
     write_tuning(out, result)
     return 0
 
 
-def rule_text(margin: float, tolerance: float) -> str:
-    """The rule of thresholds(), as the tuning file states it."""
+def rule_text(margin: float, tolerance: float, kept: bool = True) -> str:
+    """The rule of thresholds(), as the tuning file states it; `kept`: with the lines it
+    keeps from the file (settled)."""
     parts = {False: [], True: []}
     for table, (*incumbents, challenger) in TABLE_VERSIONS.items():
         rows = f" (N <= {STAGED_MAX_LENGTH})" if table in SHORT_ROW_TABLES else ""
@@ -357,7 +401,9 @@ def rule_text(margin: float, tolerance: float) -> str:
     return (f"each version from the shortest row where it is faster than the others by more than {margin:.0%} "
             f"and slower by no more than {tolerance:.0%} at every longer row: " + "; ".join(parts[False])
             + "; and up to the longest row where it is faster by more than that and slower by no more than that "
-            "at every shorter row: " + "; ".join(parts[True]) + "; null: never")
+            "at every shorter row: " + "; ".join(parts[True]) + "; null: never"
+            + (f"; a line the file had stays where the version it gives is no slower than the new line's by more "
+               f"than {margin:.0%} at every row timed" if kept else ""))
 
 
 def recompute(path: str, tables: list[str], margin: float, tolerance: float, out: str | None = None) -> int:
@@ -373,7 +419,7 @@ def recompute(path: str, tables: list[str], margin: float, tolerance: float, out
         timed = [t for t in tables if any(f"{TABLE_VERSIONS[t][-1]}_us" in m for m in points)]
         for name, value in thresholds(points, timed, margin, tolerance).items():
             data.setdefault(name, {}).setdefault(op, {}).setdefault(role, {})[dtype_name] = value
-    data["rule"] = rule_text(margin, tolerance)
+    data["rule"] = rule_text(margin, tolerance, kept=False)
     write_tuning(out or path, data)
     return 0
 

@@ -337,6 +337,66 @@ def test_time_choices_keeps_no_times_where_the_choices_took_the_same_or_nothing(
     assert times == {} and state["choice"] == "auto"
 
 
+def _narrow_points(n_us):
+    """Measurements of channel_norm's bf16 forward: N -> (register us, narrow us)."""
+    return [{"kernel": "forward", "row_length": n, "vectors": n // 8, "register_us": register, "narrow_us": narrow}
+            for n, (register, narrow) in n_us.items()]
+
+
+def test_a_line_the_file_has_stays_where_the_new_times_do_not_beat_it():
+    from tune_rows import thresholds
+
+    # narrow 0.7% ahead at 256 (the rule's margin is 1%): alone, this run's times give
+    # never; the file's line (32 vectors) gives narrow rows at 256, no slower there
+    points = _narrow_points({256: (70.1, 69.6), 512: (69.4, 70.7), 1024: (69.5, 71.0)})
+    assert thresholds(points, ["narrow_max_vectors"], 0.01, 0.03) == {"narrow_max_vectors": None}
+    assert thresholds(points, ["narrow_max_vectors"], 0.01, 0.03, previous={"narrow_max_vectors": 32}) == {
+        "narrow_max_vectors": 32}
+    # a table the file has no line for, or a line that would now cost more than the margin
+    assert thresholds(points, ["narrow_max_vectors"], 0.01, 0.03, previous={}) == {"narrow_max_vectors": None}
+    assert thresholds(points, ["narrow_max_vectors"], 0.01, 0.03, previous={"narrow_max_vectors": 64}) == {
+        "narrow_max_vectors": None}  # narrow at 512: 70.7 against 69.4
+
+
+def test_a_line_moves_where_the_new_times_beat_the_files_line_by_more_than_the_margin():
+    from tune_rows import thresholds
+
+    def m(n, full, small):
+        return {"kernel": "forward", "row_length": n, "vectors": n // 8, "full_cluster_blocks_us": full,
+                "small_cluster_blocks_us": small}
+
+    table = ["small_cluster_blocks_min_vectors"]
+    points = [m(32768, 152.3, 146.6), m(65536, 158.5, 149.3), m(131072, 162.4, 157.3)]
+    # the file had never: small blocks from 32768 on beat it by 4-6%
+    assert thresholds(points, table, 0.01, 0.03, previous={table[0]: None}) == {table[0]: 4096}
+    # the file had 65536 (8192 vectors): 32768 gains 3.9%, so the line moves
+    assert thresholds(points, table, 0.01, 0.03, previous={table[0]: 8192}) == {table[0]: 4096}
+    # small blocks within the margin at 32768: alone, this run's times give 65536; the
+    # file's line (32768) costs nothing there, and stays
+    points[0] = m(32768, 150.0, 149.0)
+    assert thresholds(points, table, 0.01, 0.03) == {table[0]: 8192}
+    assert thresholds(points, table, 0.01, 0.03, previous={table[0]: 4096}) == {table[0]: 4096}
+
+
+def test_previous_lines_are_the_files_lines_of_the_group_null_included():
+    from tune_rows import previous_lines
+
+    data = {"narrow_max_vectors": {"channel_norm": {"forward": {"bfloat16": 32, "float16": None}}},
+            "staged_min_vectors": {"softmax": {"forward": {"bfloat16": 512}}}}
+    tables = ["narrow_max_vectors", "staged_min_vectors", "wide_min_vectors"]
+    assert previous_lines(data, ("channel_norm", "forward", "bfloat16"), tables) == {"narrow_max_vectors": 32}
+    assert previous_lines(data, ("channel_norm", "forward", "float16"), tables) == {"narrow_max_vectors": None}
+    assert previous_lines(data, ("channel_norm", "forward", "float32"), tables) == {}
+    assert previous_lines({}, ("softmax", "forward", "bfloat16"), tables) == {}
+
+
+def test_the_tuning_files_rule_says_whether_it_kept_lines():
+    from tune_rows import rule_text
+
+    assert "a line the file had stays" in rule_text(0.01, 0.03)
+    assert "a line the file had stays" not in rule_text(0.01, 0.03, kept=False)
+
+
 def test_recompute_takes_the_last_runs_measurements(tmp_path):
     from tune_rows import main
 
