@@ -33,6 +33,7 @@ the only errors left are the kernels' own:
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -730,11 +731,21 @@ def test_non_contiguous_gradient_argument(device):
 VERSION_SHAPES = [(600, 8), (600, 1024), (600, 4096), (7, 16384), (3, 32768), (5, 65536), (40, 12296)]
 
 
+@contextlib.contextmanager
+def forced(setter, name):
+    """A choice of the CUDA row kernels (avo_ops._C.set_row_version, set_chunk_size or
+    set_cluster_blocks) forced to `name` for the block, then given back to the table ('auto')."""
+    setter(name)
+    try:
+        yield
+    finally:
+        setter("auto")
+
+
 @pytest.fixture
 def row_version(request):
-    avo_ops._C.set_row_version(request.param)
-    yield request.param
-    avo_ops._C.set_row_version("auto")
+    with forced(avo_ops._C.set_row_version, request.param):
+        yield request.param
 
 
 @needs_cuda
@@ -850,12 +861,9 @@ def test_a_16_bit_softmax_backward_of_262144_takes_the_cluster_kernel_version_of
         pytest.skip("thread-block clusters need sm_90")
     x = torch.randn(2, 262144, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     y = torch.ops.avo.softmax(x)
-    try:
-        avo_ops._C.set_row_version("cluster")
+    with forced(avo_ops._C.set_row_version, "cluster"):
         y.backward(torch.randn_like(y))
         assert avo_ops._C.last_row_version() == "cluster"
-    finally:
-        avo_ops._C.set_row_version("auto")
 
 
 @needs_cuda
@@ -894,16 +902,13 @@ def test_last_row_version_names_the_version_a_call_took():
     register version, so forced onto it the call reports another."""
     x = torch.randn(8, 1024, device="cuda")
     long_rows = torch.randn(2, 65536, device="cuda")
-    try:
-        for version in ("register", "narrow", "staged", "global"):
-            avo_ops._C.set_row_version(version)
+    for version in ("register", "narrow", "staged", "global"):
+        with forced(avo_ops._C.set_row_version, version):
             torch.ops.avo.softmax(x)
             assert avo_ops._C.last_row_version() == version
-        avo_ops._C.set_row_version("register")
+    with forced(avo_ops._C.set_row_version, "register"):
         torch.ops.avo.softmax(long_rows)
         assert avo_ops._C.last_row_version() not in ("register", "auto")
-    finally:
-        avo_ops._C.set_row_version("auto")
 
 
 @needs_cuda
@@ -914,8 +919,7 @@ def test_narrow_rows_take_only_calls_without_per_column_sums_on_whole_vectors():
     elements, not vectors) and a row of 16384 fp32 elements (4096 vectors: more than
     1024 threads of 2) take another version, and every result matches float64."""
     op = OPS["rmsnorm"]
-    try:
-        avo_ops._C.set_row_version("narrow")
+    with forced(avo_ops._C.set_row_version, "narrow"):
         tensors = make_inputs(op, (64, 1024), torch.float32, "cuda")
         check_values(op, tensors, torch.float32)
         assert avo_ops._C.last_row_version() == "narrow"
@@ -925,8 +929,6 @@ def test_narrow_rows_take_only_calls_without_per_column_sums_on_whole_vectors():
             tensors = make_inputs(op, shape, torch.float32, "cuda")
             check_values(op, tensors, torch.float32, rtol=1e-4)
             assert avo_ops._C.last_row_version() not in ("narrow", "auto")
-    finally:
-        avo_ops._C.set_row_version("auto")
 
 
 # Coarse chunks of rows for the parameter gradients (rows_per_chunk's `coarse`, which a
@@ -937,9 +939,8 @@ COARSE_SHAPES = [(600, 1024), (300, 4096), (7, 16384)]
 
 @pytest.fixture
 def coarse_chunks():
-    avo_ops._C.set_chunk_size("coarse")
-    yield
-    avo_ops._C.set_chunk_size("auto")
+    with forced(avo_ops._C.set_chunk_size, "coarse"):
+        yield
 
 
 @needs_cuda
@@ -960,15 +961,13 @@ def test_set_chunk_size_sets_the_rows_a_chunk_of_the_parameter_gradients():
     x, w = torch.randn(600, 1024, device="cuda"), torch.randn(1024, device="cuda")
     g = torch.randn_like(x)
     rrms = torch.ops.avo.rmsnorm_forward(x, w)[1]
-    try:
-        for size, rows in (("fine", 3), ("coarse", 5)):
-            avo_ops._C.set_chunk_size(size)
+    for size, rows in (("fine", 3), ("coarse", 5)):
+        with forced(avo_ops._C.set_chunk_size, size):
             torch.ops.avo.rmsnorm_backward(g, rrms, x, w)
             assert avo_ops._C.last_rows_per_chunk() == rows
+    with forced(avo_ops._C.set_chunk_size, "coarse"):
         torch.ops.avo.softmax(x)
         assert avo_ops._C.last_rows_per_chunk() == 0
-    finally:
-        avo_ops._C.set_chunk_size("auto")
 
 
 def test_set_chunk_size_rejects_unknown_names():
@@ -987,9 +986,8 @@ SMALL_CLUSTER_SHAPES = [(301, 65536), (2, 262144), (7, 16384)]
 
 @pytest.fixture
 def small_cluster_blocks():
-    avo_ops._C.set_cluster_blocks("small")
-    yield
-    avo_ops._C.set_cluster_blocks("auto")
+    with forced(avo_ops._C.set_cluster_blocks, "small"):
+        yield
 
 
 @needs_cuda
@@ -1016,19 +1014,15 @@ def test_set_cluster_blocks_sets_the_threads_of_a_cluster_rows_blocks():
     g = torch.randn_like(x)
     rrms = torch.ops.avo.rmsnorm_forward(x, w)[1]
     backward_threads = {}
-    try:
-        avo_ops._C.set_row_version("cluster")
+    with forced(avo_ops._C.set_row_version, "cluster"):
         for blocks, threads in (("full", 1024), ("small", 256)):
-            avo_ops._C.set_cluster_blocks(blocks)
-            torch.ops.avo.rmsnorm(x, w)
-            assert avo_ops._C.last_row_version() == "cluster"
-            assert avo_ops._C.last_cluster_block_threads() == threads
-            torch.ops.avo.rmsnorm_backward(g, rrms, x, w)
-            assert avo_ops._C.last_row_version() == "cluster"
-            backward_threads[blocks] = avo_ops._C.last_cluster_block_threads()
-    finally:
-        avo_ops._C.set_row_version("auto")
-        avo_ops._C.set_cluster_blocks("auto")
+            with forced(avo_ops._C.set_cluster_blocks, blocks):
+                torch.ops.avo.rmsnorm(x, w)
+                assert avo_ops._C.last_row_version() == "cluster"
+                assert avo_ops._C.last_cluster_block_threads() == threads
+                torch.ops.avo.rmsnorm_backward(g, rrms, x, w)
+                assert avo_ops._C.last_row_version() == "cluster"
+                backward_threads[blocks] = avo_ops._C.last_cluster_block_threads()
     assert backward_threads["full"] == backward_threads["small"]
 
 
@@ -1048,13 +1042,10 @@ def test_a_cluster_rmsnorm_forward_of_65536_takes_the_blocks_of_the_tables_small
     small = line is not None and vectors >= line
     op = OPS["rmsnorm"]
     tensors = make_inputs(op, (3, 65536), dtype, "cuda")
-    try:
-        avo_ops._C.set_row_version("cluster")
+    with forced(avo_ops._C.set_row_version, "cluster"):
         check_values(op, tensors, dtype, rtol=1e-4 if dtype == torch.float32 else None)
         assert avo_ops._C.last_row_version() == "cluster"
         threads = avo_ops._C.last_cluster_block_threads()
-    finally:
-        avo_ops._C.set_row_version("auto")
     assert threads == (256 if small else 1024)
 
 

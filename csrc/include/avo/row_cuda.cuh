@@ -662,14 +662,14 @@ constexpr int kClusterBlocksPerSM =
 
 // A row held in registers by a group of threads (see the top of this file); with
 // kClustered the group is every thread of a thread-block cluster. kColumnsAhead: the row
-// loads its vectors of the per-column inputs (weight, bias) with its per-element ones,
-// where the call sums no columns (the narrow rows, narrow_row_kernel).
+// loads its vectors of the per-column inputs (weight, bias) with its per-element ones
+// (the narrow rows: kNarrowColumnsAhead).
 template <typename T, typename Args, typename Math, int V, bool kClustered = false, int kVectors = kRowVectors<Math>,
           bool kColumnsAhead = false>
 struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, kClustered, kVectors, kColumnsAhead>> {
   static constexpr int P = kVectors;
-  static constexpr bool kLoadsColumnsAhead =
-      kColumnsAhead && !kClustered && Math::kColumnSums == 0 && Math::kColumnInputs != 0;
+  static_assert(!kColumnsAhead || (!kClustered && Math::kColumnSums == 0),
+                "a row that loads its per-column vectors ahead keeps them for one row: no chunk sums them");
   static constexpr bool kKeeps = Math::kKeptValues > 0;
   using RowView<T, Args>::args;
   using RowView<T, Args>::r;
@@ -699,11 +699,11 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
   // and the row's values of the per-row inputs the forward saved (Math::kSavedInputs).
   // Loaded with the vectors, a pipelined row has them before its math starts: read in
   // the math, each row waited for their loads (the backwards' first instructions).
-  // Where kLoadsColumnsAhead, also this thread's vectors of the per-column inputs.
+  // Where kColumnsAhead, also this thread's vectors of the per-column inputs.
   struct Vectors {
     Cached v[Args::kInputs][P];
     float saved[Args::kInputs];
-    Cached columns[kLoadsColumnsAhead ? P : 1][Args::kInputs];
+    Cached columns[kColumnsAhead ? P : 1][Args::kInputs];
   };
   // What a group keeps for the chunk of rows it takes (calls with per-column outputs):
   // this thread's part of the chunk's per-column sums and, where kKeepsColumns, its
@@ -775,7 +775,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
         else out.v[k][i].zero();
       }
     }
-    if constexpr (kLoadsColumnsAhead) {
+    if constexpr (kColumnsAhead) {
       AVO_UNROLL
       for (int i = 0; i < P; ++i) {
         const int v = i * threads + lane;
@@ -827,7 +827,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
     for (int i = 0; i < P; ++i) {
       const int v = vector_index(i);
       if (!active || v >= vectors) continue;
-      if constexpr (kLoadsColumnsAhead) {
+      if constexpr (kColumnsAhead) {
         visit(i, v, cache.columns[i]);
         continue;
       }
@@ -1481,7 +1481,7 @@ __device__ __forceinline__ void pipelined_rows(const Args& args, int64_t count, 
 // 72.8 us instead of 70.0, its fp32 at 4096 136.6 instead of 132.9): the narrow line of
 // the dispatch table (benchmarks/tune_rows.py) ends below them.
 template <typename Math, bool kPipelined, int kVectors>
-constexpr bool kNarrowColumnsAhead = !kPipelined && kVectors < kRowVectors<Math>;
+constexpr bool kNarrowColumnsAhead = !kPipelined && kVectors < kRowVectors<Math> && Math::kColumnInputs != 0;
 
 // Groups of `group_threads` take rows; with per-column sums, group c of the grid takes
 // chunk c and keeps its columns' sums in registers until the chunk is done. kPipelined
@@ -1646,7 +1646,7 @@ __global__ void AVO_LEAN_ROW_BOUNDS lean_row_kernel(const Args args, const Math 
 // spills. Where the kernel is capped at 64 registers (the fp32 backwards, rmsnorm's),
 // pipelined rows spilled and lost (layernorm's fp32 at 16384 0.79 -> 0.70 of copy;
 // rmsnorm's bf16 up to 3%). Such clusters also take smaller blocks
-// (launch_cluster_kernel).
+// (cluster_block_threads).
 template <typename T, typename Math, int kVectors>
 constexpr bool kPipelinedClusterSums =
     kCanPipeline<Math> && kVectors == kRowVectors<Math> && kClusterBlocksPerSM<T, Math> == 0;
@@ -1740,10 +1740,19 @@ __global__ void __launch_bounds__(kWideRowThreads, 1)
   cluster_rows<T, Args, Math, V, kWideRowVectors<Math>>(args, math, stage_columns);
 }
 
-// The block size of a cluster row launch: `threads` (a power of two) over at least two
-// blocks, as few as the block size allows; `small` (the dispatch table's "small" line, a
-// row without per-column sums): a quarter of that, or as small as kMaxWideClusterBlocks
-// blocks allow, and no fewer than kMinSmallClusterBlockThreads. Small blocks put more
+// The block size of a cluster row launch whose threads hold P vectors: `threads` (a power
+// of two) over at least two blocks, as few as the block size allows, except:
+//  - a pipelined cluster row with per-column sums (`chunked`, kPipelinedClusterSums: its
+//    kernel holds one block a multiprocessor) takes blocks of half the threads where the
+//    cluster stays portable, so that two clusters share a multiprocessor and one's loads
+//    fill the other's reductions and exchanges: on an H100 the 16-bit backwards of
+//    layernorm and swish_layernorm at 16384 ran 1.03-1.06x faster (4 blocks of 256
+//    instead of 2 of 512), at 32768 1.14-1.19x (8 instead of 4). add_layernorm's 16-bit
+//    backward holds one block too, but is not pipelined and its blocks of 256 have not
+//    been timed;
+//  - a row without per-column sums in `small` blocks (the dispatch table's "small"
+//    line): a quarter of the threads, or as small as kMaxWideClusterBlocks blocks allow,
+//    and no fewer than kMinSmallClusterBlockThreads. Small blocks put more
 // blocks of a cluster row on a multiprocessor (two to four instead of one or two): while
 // one waits at its reductions and cluster exchanges, the others load. On the H200 (2^26
 // elements) the 16-bit forwards at N = 65536 ran 2-8% faster with them (log_softmax's
@@ -1753,10 +1762,15 @@ __global__ void __launch_bounds__(kWideRowThreads, 1)
 // 16384 in 277.9 instead of 288.9; layernorm's bf16 forward at 65536 lost 3% and
 // softmax's fp32 one 3%, so each op's line is measured (benchmarks/tune_rows.py).
 constexpr int kMinSmallClusterBlockThreads = 128;
-template <typename Math>
-int cluster_block_threads(int64_t threads, bool small = false) {
+template <typename T, typename Math, int P>
+int cluster_block_threads(int64_t threads, bool chunked, bool small) {
   const int64_t half = threads / 2 < 32 ? 32 : threads / 2;
   int block = int(half < kMaxGroupThreads<Math> ? half : kMaxGroupThreads<Math>);
+  if (chunked) {
+    if (kPipelinedClusterSums<T, Math, P> && block == kMaxGroupThreads<Math> && threads / (block / 2) <= kMaxClusterBlocks)
+      block /= 2;
+    return block;
+  }
   for (int halvings = 0; small && halvings < 2 && block / 2 >= kMinSmallClusterBlockThreads &&
                          threads / (block / 2) <= kMaxWideClusterBlocks;
        ++halvings)
@@ -2123,17 +2137,7 @@ template <typename T, typename Args, typename Math, int V, int P, typename Kerne
 bool launch_cluster_kernel(Kernel kernel, const Args& args, const Math& math, int64_t vectors, bool chunked,
                            bool small_blocks, const DeviceInfo& device, cudaStream_t stream, bool dry_run) {
   const int64_t threads = threads_for(vectors, P);
-  int block = cluster_block_threads<Math>(threads, small_blocks && !chunked);
-  // A pipelined cluster row with per-column sums (kPipelinedClusterSums: its kernel holds
-  // one block a multiprocessor) takes blocks of half the threads where the cluster stays
-  // portable, so that two clusters share a multiprocessor and one's loads fill the
-  // other's reductions and exchanges: on an H100 the 16-bit backwards of layernorm and
-  // swish_layernorm at 16384 ran 1.03-1.06x faster (4 blocks of 256 instead of 2 of
-  // 512), at 32768 1.14-1.19x (8 instead of 4). add_layernorm's 16-bit backward holds one
-  // block too, but is not pipelined and its blocks of 256 have not been timed.
-  if (chunked && kPipelinedClusterSums<T, Math, P> && block == kMaxGroupThreads<Math> &&
-      threads / (block / 2) <= kMaxClusterBlocks)
-    block /= 2;
+  const int block = cluster_block_threads<T, Math, P>(threads, chunked, small_blocks);
   const int64_t blocks = (threads + block - 1) / block < 2 ? 2 : (threads + block - 1) / block;
   if (blocks > kMaxWideClusterBlocks) return false;
   if (blocks > kMaxClusterBlocks &&
