@@ -4,7 +4,8 @@
 // kernels' flags. Usage: check_cpu_math STRIDE [functions|half]. Every STRIDE-th float is
 // checked, and every float near the ends of the ranges. It prints one line a check and
 // exits 1 when one fails: a function further than its bound from the rounded double
-// result, a conversion that differs from _Float16's (3 when this compiler has none).
+// result (in ulps; Functions<Fast>::erf absolutely), a conversion that differs from
+// _Float16's (3 when this compiler has none).
 #include <avo/math.h>
 
 #include <cmath>
@@ -60,6 +61,36 @@ Result check_all(uint64_t stride, Got got, Want want, std::initializer_list<floa
   Result res;
   for_each_float(stride, edges, [&](float x) { check_one(res, x, got, want); });
   return res;
+}
+
+// The largest absolute difference between got(x) and want(double(x)) over the floats
+// for_each_float visits (for a function bounded absolutely: Functions<Fast>::erf).
+struct AbsoluteResult {
+  int64_t checked = 0;
+  double worst = 0.0;
+  float worst_at = 0.0f;
+};
+
+template <typename Got, typename Want>
+AbsoluteResult check_all_absolute(uint64_t stride, Got got, Want want, std::initializer_list<float> edges) {
+  AbsoluteResult res;
+  for_each_float(stride, edges, [&](float x) {
+    const double g = got(x), w = want(double(x));
+    const double d = std::isnan(g) || std::isnan(w) ? (std::isnan(g) && std::isnan(w) ? 0.0 : INFINITY)
+                                                    : std::fabs(g - w);
+    ++res.checked;
+    if (d > res.worst) {
+      res.worst = d;
+      res.worst_at = x;
+    }
+  });
+  return res;
+}
+
+bool report_absolute(const char* name, const AbsoluteResult& res, double bound) {
+  std::printf("%s: %lld floats, worst %.3g absolute (at %.9g), bound %.3g\n", name, (long long)res.checked,
+              res.worst, double(res.worst_at), bound);
+  return res.worst <= bound;
 }
 
 bool report(const char* name, const Result& res, int64_t bound) {
@@ -126,5 +157,19 @@ int main(int argc, char** argv) {
       stride, [](float x) { return avo::erf_arithmetic(x); }, [](double x) { return std::erf(x); },
       {0.875f, -0.875f, 3.92f, 0.0f});
   ok &= report("erf", erf, 2);
+  // Functions<Fast> on the host (the 16-bit CPU kernels): exp's shorter polynomial, the
+  // sigmoid from it, erf's one formula.
+  using Fast = avo::Functions<avo::Fast>;
+  const Result exp_fast = check_all(
+      stride, [](float x) { return Fast::exp(x); }, [](double x) { return std::exp(x); },
+      {88.72283f, -87.33655f, -103.27893f, -103.97208f, 0.0f, -0.0f});
+  ok &= report("exp_fast", exp_fast, 2);
+  const Result sigmoid_fast = check_all(
+      stride, [](float x) { return Fast::sigmoid(x); }, [](double x) { return 1.0 / (1.0 + std::exp(-x)); },
+      {0.0f, -87.33655f, -103.27893f, 16.6355f});
+  ok &= report("sigmoid_fast", sigmoid_fast, 4);
+  const AbsoluteResult erf_fast = check_all_absolute(
+      stride, [](float x) { return Fast::erf(x); }, [](double x) { return std::erf(x); }, {0.0f, 1.0f, -1.0f, 3.92f});
+  ok &= report_absolute("erf_fast", erf_fast, 1e-6);
   return ok ? 0 : 1;
 }

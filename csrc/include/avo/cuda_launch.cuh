@@ -223,17 +223,4 @@ inline unsigned full_grid_size(int64_t blocks) {
   return unsigned(blocks < 1 ? 1 : blocks > kMaxGrid ? kMaxGrid : blocks);
 }
 
-// The math precision of kernels on element type T: exact for float32, fast for the
-// 16-bit types whose rounding hides the difference (avo/math.h).
-template <typename T>
-struct PrecisionOf {
-  using type = Fast;
-};
-template <>
-struct PrecisionOf<float> {
-  using type = Exact;
-};
-template <typename T>
-using PrecisionFor = typename PrecisionOf<T>::type;
-
 }  // namespace avo

@@ -9,8 +9,8 @@
 
 namespace avo {
 
-// Output elements [begin, end): a plain loop when every input is laid out like the
-// output, the strided walk otherwise.
+// Output elements [begin, end), in the math precision of T (avo/math.h): a plain loop
+// when every input is laid out like the output, the strided walk otherwise.
 template <typename T, int NumInputs, int NumOutputs, typename Math>
 struct MapKernel {
   static void run(const MapArgs<NumInputs, NumOutputs>& args, const Math& math, int64_t begin, int64_t end) {
@@ -23,7 +23,7 @@ struct MapKernel {
       for (int k = 0; k < NumInputs; ++k) inputs[k] = static_cast<const T*>(args.inputs[k]);
       for (int k = 0; k < NumOutputs; ++k) outputs[k] = static_cast<T*>(args.outputs[k]);
       for (int64_t i = begin; i < end; ++i) {
-        map_element<Exact>(args, math, [&](int k) { return inputs[k][i]; }, out);
+        map_element<PrecisionFor<T>>(args, math, [&](int k) { return inputs[k][i]; }, out);
         for (int k = 0; k < NumOutputs; ++k) outputs[k][i] = out[k];
       }
       return;
@@ -31,7 +31,7 @@ struct MapKernel {
     for (int64_t i = begin; i < end; ++i) {
       int64_t offsets[NumInputs];
       input_offsets(args, i, offsets);
-      map_element<Exact>(args, math, [&](int k) { return static_cast<const T*>(args.inputs[k])[offsets[k]]; }, out);
+      map_element<PrecisionFor<T>>(args, math, [&](int k) { return static_cast<const T*>(args.inputs[k])[offsets[k]]; }, out);
       for (int k = 0; k < NumOutputs; ++k) static_cast<T*>(args.outputs[k])[i] = out[k];
     }
   }

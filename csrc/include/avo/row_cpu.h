@@ -267,13 +267,13 @@ namespace avo {
 
 // The CPU loops of every row op; the generated math is what differs between ops.
 
-// Rows [begin, end), in order.
+// Rows [begin, end), in order, in the math precision of T (avo/math.h).
 template <typename T, typename Args, typename Math>
 struct RowsKernel {
   static void run(const Args& args, const Math& math, int64_t begin, int64_t end) {
     using Row = SerialRow<T, Args, Math>;
     std::vector<float> scratch(size_t(Row::scratch_rows) * size_t(args.length));
-    for (int64_t r = begin; r < end; ++r) math.template apply<Exact>(Row(args, r, scratch.data()));
+    for (int64_t r = begin; r < end; ++r) math.template apply<PrecisionFor<T>>(Row(args, r, scratch.data()));
   }
 };
 // A per-column input the call left out is read from a row of Math::column_default(k) in
