@@ -72,7 +72,9 @@ fi
 
 # (c) tests --------------------------------------------------------------------------
 banner "tests (pytest -q tests)"
-python3 -m pytest -q tests 2>&1 | tee "$LOGS/tests.log" | tail -n 40
+# --durations: the slowest tests' times on the GPU go into tests.log, to keep a quick subset
+# of the GPU tests honest about what it leaves out.
+python3 -m pytest -q --durations=300 tests 2>&1 | tee "$LOGS/tests.log" | tail -n 40
 tests_rc=${PIPESTATUS[0]}
 took tests
 [ "$tests_rc" -ne 0 ] && echo "!!!! TESTS FAILED (rc=$tests_rc); full log: $LOGS/tests.log"
