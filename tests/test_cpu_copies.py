@@ -114,3 +114,51 @@ def test_every_copy_gives_the_bits_of_the_best(name, dtype, copy):
         assert len(best) == len(other)
         for i, (a, b) in enumerate(zip(best, other)):
             assert torch.equal(_bits(a), _bits(b)), f"{name} {shape}: tensor {i} differs between {BEST} and {copy}"
+
+
+def _float16_with_specials(shape):
+    """Standard-normal float16 values with NaNs of both signs and payloads, infinities,
+    subnormal halves, the largest half and signed zeros among them."""
+    x = torch.randn(shape).to(torch.float16)
+    specials = torch.tensor([0x7E00, 0xFE00, 0x7D55, 0x7C00, 0xFC00, 0x0001, 0x83FF, 0x7BFF, 0x8000],
+                            dtype=torch.int32).to(torch.int16).view(torch.float16)
+    flat = x.view(-1)
+    positions = torch.randperm(flat.numel())[: 4 * len(specials)]
+    flat[positions] = specials.repeat(4)
+    return x
+
+
+@pytest.mark.skipif(len(COPIES) < 2, reason="this build or machine has one copy of the CPU kernels")
+@pytest.mark.parametrize("copy", COPIES[1:])
+@pytest.mark.parametrize("name", ["gelu", "silu", "softmax", "log_softmax", "layernorm", "add_rmsnorm"])
+def test_float16_specials_give_the_bits_of_the_best(name, copy):
+    """Float16 rows and elements that the best copy converts with F16C and the baseline in
+    software (avo/cpu_copies.h): with NaNs, infinities, subnormal halves and the largest
+    half among the inputs, every copy gives NaN in the same places and the same bits
+    elsewhere. (Which NaN a result carries, its sign and payload, may differ: where both
+    operands of an instruction are NaN, it passes one on, and each copy orders them as
+    its compiler chose; the conversions themselves keep payloads alike,
+    tests/test_cpu_math.py.)"""
+    torch.manual_seed(0)
+    x = _float16_with_specials((16, 1000))
+    residual = torch.randn(16, 1000).to(torch.float16)
+    calls = {
+        "gelu": lambda: (avo_ops.gelu(x),),
+        "silu": lambda: (avo_ops.silu(x),),
+        "softmax": lambda: (avo_ops.softmax(x),),
+        "log_softmax": lambda: (avo_ops.log_softmax(x),),
+        "layernorm": lambda: (avo_ops.layernorm(x),),
+        "add_rmsnorm": lambda: avo_ops.add_rmsnorm(x, residual),
+    }
+    results = {}
+    for c in (BEST, copy):
+        _C.set_cpu_copy(c)
+        try:
+            results[c] = calls[name]()
+            assert _C.last_cpu_copy() == c
+        finally:
+            _C.set_cpu_copy("auto")
+    for a, b in zip(results[BEST], results[copy]):
+        assert a.isnan().any()  # the specials reached the outputs
+        assert torch.equal(a.isnan(), b.isnan()), f"{name}: NaNs differ between {BEST} and {copy}"
+        assert torch.equal(_bits(a)[~a.isnan()], _bits(b)[~b.isnan()]), f"{name}: differs between {BEST} and {copy}"

@@ -45,13 +45,28 @@ def test_exp_tanh_and_erf_are_within_their_bounds(checker):
 def test_float16_conversions_round_as_the_compilers_float16(checker):
     """Every half to float, and float to half on every 64th float and every float near the
     rounding boundaries (subnormal halves, the largest half, infinity): the same bits as
-    the compiler's _Float16 (round to nearest, ties to even), any NaN for a NaN."""
+    the compiler's _Float16 (round to nearest, ties to even), any NaN for a NaN; and
+    Element<Half>::round (the float16 rows' as_stored, in float arithmetic) the same bits
+    as the two conversions on those floats, NaN payloads included."""
     result = subprocess.run([checker, "64", "half"], capture_output=True, text=True)
     print(result.stdout)
     if result.returncode == 3:
         pytest.skip("this C++ compiler has no _Float16 to compare with")
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.startswith("half: ")
+
+
+def test_f16c_conversions_give_the_bits_of_the_software_ones(checker):
+    """The float16 rows of the AVX2 and AVX-512 copies convert with F16C (halves_to_floats,
+    floats_to_halves): every half to float, and float to half on every 64th float and
+    every float near the rounding boundaries and among the NaNs, give the same bits as
+    Element<Half>'s conversions, which the baseline copy uses, NaN payloads included."""
+    result = subprocess.run([checker, "64", "f16c"], capture_output=True, text=True)
+    print(result.stdout)
+    if result.returncode == 3:
+        pytest.skip(result.stdout.strip())
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith("f16c: ")
 
 
 def test_softmax_and_silu_at_the_ends_of_exps_range():

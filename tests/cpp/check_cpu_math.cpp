@@ -1,11 +1,12 @@
 // Checks the CPU kernels' arithmetic functions (avo/math.h) against the C library's
 // double-precision ones over float inputs, and their float16 conversions (avo/dtype.h)
 // against the compiler's _Float16; tests/test_cpu_math.py compiles and runs it with the
-// kernels' flags. Usage: check_cpu_math STRIDE [functions|half]. Every STRIDE-th float is
+// kernels' flags. Usage: check_cpu_math STRIDE [functions|half|f16c]. Every STRIDE-th float is
 // checked, and every float near the ends of the ranges. It prints one line a check and
 // exits 1 when one fails: a function further than its bound from the rounded double
 // result (in ulps; Functions<Fast>::erf absolutely), a conversion that differs from
 // _Float16's (3 when this compiler has none).
+#include <avo/cpu_copies.h>
 #include <avo/math.h>
 
 #include <cmath>
@@ -14,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <vector>
 
 namespace {
 
@@ -124,15 +126,74 @@ int check_half(uint64_t stride) {
     ++checked;
     if (got != want && !both_nan) ++wrong;
   };
-  for_each_float(stride,
-                 {0.0f, -0.0f, 5.9604645e-08f, -5.9604645e-08f, 6.1035156e-05f, -6.1035156e-05f, 65504.0f,
-                  -65504.0f, 65520.0f, -65520.0f},
-                 to_half);
-  std::printf("half: %lld conversions, %lld differ from _Float16's\n", (long long)checked, (long long)wrong);
-  return wrong == 0 ? 0 : 1;
+  // Element<Half>::round, the round trip in float arithmetic, against the round trip.
+  int64_t rounded = 0, wrong_rounding = 0;
+  auto round_trip = [&](float x) {
+    const float want = avo::Element<avo::Half>::to_float(avo::Element<avo::Half>::from_float(x));
+    ++rounded;
+    wrong_rounding += avo::float_to_bits(avo::Element<avo::Half>::round(x)) != avo::float_to_bits(want);
+  };
+  const std::initializer_list<float> edges = {0.0f, -0.0f, 5.9604645e-08f, -5.9604645e-08f, 6.1035156e-05f,
+                                              -6.1035156e-05f, 65504.0f, -65504.0f, 65520.0f, -65520.0f,
+                                              avo::bits_to_float(0x7f800000u), avo::bits_to_float(0xffc00000u)};
+  for_each_float(stride, edges, to_half);
+  for_each_float(stride, edges, round_trip);
+  std::printf("half: %lld conversions, %lld differ from _Float16's; %lld round trips, %lld differ from "
+              "Element<Half>::round's\n",
+              (long long)checked, (long long)wrong, (long long)rounded, (long long)wrong_rounding);
+  return wrong == 0 && wrong_rounding == 0 ? 0 : 1;
 #else
   (void)stride;
   std::printf("half: this compiler has no _Float16\n");
+  return 3;
+#endif
+}
+
+// The F16C conversions of the CPU kernels' float16 rows (avo/cpu_copies.h,
+// halves_to_floats and floats_to_halves, 8 at a time) against Element<Half>'s, bit for
+// bit, NaN payloads included: every half, and every stride-th float and every float near
+// the rounding boundaries and among the NaNs. 3 where the build or machine has no F16C.
+int check_f16c(uint64_t stride) {
+#if AVO_CPU_COPIES
+  if (!__builtin_cpu_supports("f16c")) {
+    std::printf("f16c: this machine has no F16C\n");
+    return 3;
+  }
+  int64_t checked = 0, wrong = 0;
+  std::vector<avo::Half> halves(65536);
+  std::vector<float> floats(65536);
+  for (uint32_t bits = 0; bits < 65536; ++bits) halves[bits] = avo::Half{uint16_t(bits)};
+  avo::halves_to_floats(halves.data(), floats.data(), 65536);
+  for (uint32_t bits = 0; bits < 65536; ++bits) {
+    ++checked;
+    wrong += avo::float_to_bits(floats[bits]) != avo::float_to_bits(avo::Element<avo::Half>::to_float(halves[bits]));
+  }
+  constexpr size_t kBatch = 4096;  // a multiple of 8: every value goes through F16C
+  std::vector<float> batch;
+  std::vector<avo::Half> converted(kBatch);
+  auto flush = [&] {
+    avo::floats_to_halves(batch.data(), converted.data(), int64_t(batch.size()));
+    for (size_t i = 0; i < batch.size(); ++i) {
+      ++checked;
+      wrong += converted[i].bits != avo::Element<avo::Half>::from_float(batch[i]).bits;
+    }
+    batch.clear();
+  };
+  for_each_float(stride,
+                 {0.0f, -0.0f, 5.9604645e-08f, 6.1035156e-05f, 65504.0f, 65520.0f, -65520.0f,
+                  avo::bits_to_float(0x7f800000u), avo::bits_to_float(0x7fc00000u), avo::bits_to_float(0xffa00000u),
+                  avo::bits_to_float(0x7fffffffu)},
+                 [&](float x) {
+                   batch.push_back(x);
+                   if (batch.size() == kBatch) flush();
+                 });
+  while (batch.size() % 8 != 0) batch.push_back(0.0f);
+  flush();
+  std::printf("f16c: %lld conversions, %lld differ from Element<Half>'s\n", (long long)checked, (long long)wrong);
+  return wrong == 0 ? 0 : 1;
+#else
+  (void)stride;
+  std::printf("f16c: this build has no copies of the CPU kernels\n");
   return 3;
 #endif
 }
@@ -141,6 +202,7 @@ int main(int argc, char** argv) {
   const uint64_t stride = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 1;
   if (stride == 0) return 2;
   if (argc > 2 && std::strcmp(argv[2], "half") == 0) return check_half(stride);
+  if (argc > 2 && std::strcmp(argv[2], "f16c") == 0) return check_f16c(stride);
   bool ok = true;
   // The ends of exp's range: overflow, the subnormal results, underflow to zero, 0.
   const Result exp = check_all(

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "common.h"
@@ -131,10 +132,22 @@ inline float lane_extreme(int64_t length, Value value) {
   return out[0];
 }
 
-template <typename T, typename Args, typename Math>
+// Float16 rows in the copies that convert with F16C (converts_halves_in_hardware):
+// RowsKernel converts a row's per-element inputs to floats before its math and its
+// per-element outputs after it, a whole row at a time, and the per-column inputs once
+// for all its rows; a staged SerialRow reads and writes those floats instead of
+// converting each element.
+template <int NumInputs, int NumOutputs>
+struct StagedFloats {
+  const float* inputs[NumInputs];  // per-element and per-column inputs the call gave, else nullptr
+  float* outputs[NumOutputs];      // per-element outputs, else nullptr
+};
+
+template <typename T, typename Args, typename Math, bool kStaged = false>
 struct SerialRow : RowView<T, Args> {
   using RowView<T, Args>::args;
   using RowView<T, Args>::r;
+  using Staged = StagedFloats<Args::kInputs, Args::kOutputs>;
   // Rows of the scratch: kept value i (at.keep / at.kept) in row i, then host-kept value
   // i (at.keep_on_host / at.kept_on_host) in row kept_values + i; the last one, moments'
   // terms. Known when compiling, as are the offsets of the rows.
@@ -142,8 +155,26 @@ struct SerialRow : RowView<T, Args> {
   static constexpr int scratch_rows = Math::kKeptValues + Math::kHostKeptValues + 1;
   // This worker's scratch rows of `length` floats each (run_rows).
   float* scratch;
+  // The row's floats where kStaged (RowsKernel::run_staged), else nullptr.
+  const Staged* staged;
 
-  SerialRow(const Args& a, int64_t row, float* worker_scratch) : RowView<T, Args>(a, row), scratch(worker_scratch) {}
+  SerialRow(const Args& a, int64_t row, float* worker_scratch, const Staged* staged_floats = nullptr)
+      : RowView<T, Args>(a, row), scratch(worker_scratch), staged(staged_floats) {}
+
+  float load(int k, int64_t n) const {
+    if constexpr (kStaged) return staged->inputs[k][n];
+    else return RowView<T, Args>::load(k, n);
+  }
+  void store(int k, int64_t n, float value) const {
+    if constexpr (kStaged) staged->outputs[k][n] = value;
+    else RowView<T, Args>::store(k, n, value);
+  }
+  // RowView::as_stored's value; float16's from Element<Half>::round, the same bits in a
+  // few vector instructions instead of the two conversions.
+  float as_stored(float value) const {
+    if constexpr (std::is_same_v<T, Half>) return Element<Half>::round(value);
+    else return RowView<T, Args>::as_stored(value);
+  }
 
   // Element n of the row, as the generated lambdas see it.
   struct At {
@@ -153,7 +184,10 @@ struct SerialRow : RowView<T, Args> {
     // Every per-column input is present here: run_rows hands a missing one in as a row of
     // its default (exact in T: the generator checks the spec's). A 16-bit load behind a
     // pointer test vectorizes only where the instruction set masks loads (AVX-512).
-    float load_col(int k, float) const { return Element<T>::to_float(static_cast<const T*>(row.args.inputs[k])[n]); }
+    float load_col(int k, float) const {
+      if constexpr (kStaged) return row.staged->inputs[k][n];
+      else return Element<T>::to_float(static_cast<const T*>(row.args.inputs[k])[n]);
+    }
     void store(int k, float value) const { row.store(k, n, value); }
     // A kept value is computed in the pass that keeps it and read back from the scratch
     // row in the later ones (see generator/emit_row.py).
@@ -267,13 +301,48 @@ namespace avo {
 
 // The CPU loops of every row op; the generated math is what differs between ops.
 
-// Rows [begin, end), in order, in the math precision of T (avo/math.h).
+// Rows [begin, end), in order, in the math precision of T (avo/math.h); float16 rows
+// staged in floats where copy C converts them with F16C (StagedFloats).
 template <typename T, typename Args, typename Math>
 struct RowsKernel {
+  template <CpuCopy C>
   static void run(const Args& args, const Math& math, int64_t begin, int64_t end) {
-    using Row = SerialRow<T, Args, Math>;
-    std::vector<float> scratch(size_t(Row::scratch_rows) * size_t(args.length));
-    for (int64_t r = begin; r < end; ++r) math.template apply<PrecisionFor<T>>(Row(args, r, scratch.data()));
+    if constexpr (std::is_same_v<T, Half> && converts_halves_in_hardware(C)) {
+      run_staged(args, math, begin, end);
+    } else {
+      using Row = SerialRow<T, Args, Math>;
+      std::vector<float> scratch(size_t(Row::scratch_rows) * size_t(args.length));
+      for (int64_t r = begin; r < end; ++r) math.template apply<PrecisionFor<T>>(Row(args, r, scratch.data()));
+    }
+  }
+
+  static void run_staged(const Args& args, const Math& math, int64_t begin, int64_t end) {
+    using Row = SerialRow<T, Args, Math, true>;
+    constexpr int kInputs = Args::kInputs, kOutputs = Args::kOutputs;
+    const int64_t length = args.length;
+    std::vector<float> scratch(size_t(Row::scratch_rows) * size_t(length));
+    std::vector<float> floats(size_t(kInputs + kOutputs) * size_t(length));
+    const auto input_floats = [&](int k) { return floats.data() + k * length; };
+    const auto output_floats = [&](int k) { return floats.data() + (kInputs + k) * length; };
+    const auto is_element_input = [&](int k) { return ((Math::kElementInputs >> k) & 1u) && args.inputs[k] != nullptr; };
+    typename Row::Staged staged{};
+    for (int k = 0; k < kInputs; ++k) {
+      if (is_element_input(k)) staged.inputs[k] = input_floats(k);
+      if (((Math::kColumnInputs >> k) & 1u) && args.inputs[k] != nullptr) {
+        halves_to_floats(static_cast<const Half*>(args.inputs[k]), input_floats(k), length);
+        staged.inputs[k] = input_floats(k);
+      }
+    }
+    for (int k = 0; k < kOutputs; ++k)
+      if ((Math::kElementOutputs >> k) & 1u) staged.outputs[k] = output_floats(k);
+    for (int64_t r = begin; r < end; ++r) {
+      for (int k = 0; k < kInputs; ++k)
+        if (is_element_input(k)) halves_to_floats(static_cast<const Half*>(args.inputs[k]) + r * length, input_floats(k), length);
+      math.template apply<PrecisionFor<T>>(Row(args, r, scratch.data(), &staged));
+      for (int k = 0; k < kOutputs; ++k)
+        if (staged.outputs[k] != nullptr && args.outputs[k] != nullptr)
+          floats_to_halves(output_floats(k), static_cast<Half*>(args.outputs[k]) + r * length, length);
+    }
   }
 };
 // A per-column input the call left out is read from a row of Math::column_default(k) in
@@ -300,6 +369,7 @@ void run_rows(const Args& args, const Math& math, int64_t begin, int64_t end) {
 // Column totals (avo/row_args.h), columns [begin, end): each source's rows added in order.
 template <typename T>
 struct ColumnTotalsKernel {
+  template <CpuCopy>
   static void run(const ColumnTotals& totals, int64_t begin, int64_t end) {
     std::vector<float> column(size_t(end > begin ? end - begin : 0));
     for (int k = 0; k < totals.count; ++k) {
