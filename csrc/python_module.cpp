@@ -87,7 +87,7 @@ const Named<avo::RowVersion> kVersions[] = {{"auto", avo::RowVersion::kAuto},
 // set_row_version(name): "auto", "register", "pipelined", "wide", "narrow", "staged", "cluster",
 // "global" or "tiled".
 PyObject* set_row_version(PyObject*, PyObject* arg) {
-  return set_named("set_row_version", "version", arg, kVersions, avo::forced_row_version());
+  return set_named("set_row_version", "version", arg, kVersions, avo::forced<avo::RowVersion>());
 }
 
 // last_row_version(): the name of the version the last CUDA row-op call took ("auto"
@@ -102,7 +102,7 @@ PyObject* last_row_version(PyObject*, PyObject*) {
 PyObject* set_chunk_size(PyObject*, PyObject* arg) {
   static const Named<avo::ChunkSize> sizes[] = {
       {"auto", avo::ChunkSize::kAuto}, {"fine", avo::ChunkSize::kFine}, {"coarse", avo::ChunkSize::kCoarse}};
-  return set_named("set_chunk_size", "size", arg, sizes, avo::forced_chunk_size());
+  return set_named("set_chunk_size", "size", arg, sizes, avo::forced<avo::ChunkSize>());
 }
 
 // last_rows_per_chunk(): the rows a chunk of the per-column sums of the last CUDA row-op
@@ -113,7 +113,7 @@ PyObject* last_rows_per_chunk(PyObject*, PyObject*) { return PyLong_FromLongLong
 PyObject* set_cluster_blocks(PyObject*, PyObject* arg) {
   static const Named<avo::ClusterBlocks> blocks[] = {
       {"auto", avo::ClusterBlocks::kAuto}, {"full", avo::ClusterBlocks::kFull}, {"small", avo::ClusterBlocks::kSmall}};
-  return set_named("set_cluster_blocks", "blocks", arg, blocks, avo::forced_cluster_blocks());
+  return set_named("set_cluster_blocks", "blocks", arg, blocks, avo::forced<avo::ClusterBlocks>());
 }
 
 // last_cluster_block_threads(): the threads of a block of the last CUDA row-op call that

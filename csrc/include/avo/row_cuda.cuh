@@ -2061,20 +2061,20 @@ inline int threads_for(int64_t vectors, int per_thread) {
 inline RowVersion pick_row_version(int64_t vectors, bool fits_registers, bool fits_wide, bool fits_narrow,
                                    bool fits_staged, bool fits_cluster, bool can_pipeline, bool can_tile,
                                    const RowThresholds& thresholds) {
-  const RowVersion forced = forced_row_version();
+  const RowVersion forced_version = forced<RowVersion>();
   const RowVersion in_registers =
       fits_narrow && vectors <= thresholds.narrow_max_vectors                    ? RowVersion::kNarrow
       : fits_wide && (vectors >= thresholds.wide_min_vectors || !fits_registers) ? RowVersion::kWide
       : can_pipeline && vectors >= thresholds.pipelined_min_vectors              ? RowVersion::kPipelined
                                                                                  : RowVersion::kRegister;
-  if (forced == RowVersion::kRegister && fits_registers) return RowVersion::kRegister;
-  if (forced == RowVersion::kPipelined && fits_registers) return can_pipeline ? RowVersion::kPipelined : RowVersion::kRegister;
-  if (forced == RowVersion::kWide && fits_wide) return RowVersion::kWide;
-  if (forced == RowVersion::kNarrow && fits_narrow) return RowVersion::kNarrow;
-  if (forced == RowVersion::kStaged && fits_staged) return RowVersion::kStaged;
-  if (forced == RowVersion::kCluster && fits_cluster) return RowVersion::kCluster;
-  if (forced == RowVersion::kTiled && can_tile) return RowVersion::kTiled;
-  if (forced == RowVersion::kGlobal) return RowVersion::kGlobal;
+  if (forced_version == RowVersion::kRegister && fits_registers) return RowVersion::kRegister;
+  if (forced_version == RowVersion::kPipelined && fits_registers) return can_pipeline ? RowVersion::kPipelined : RowVersion::kRegister;
+  if (forced_version == RowVersion::kWide && fits_wide) return RowVersion::kWide;
+  if (forced_version == RowVersion::kNarrow && fits_narrow) return RowVersion::kNarrow;
+  if (forced_version == RowVersion::kStaged && fits_staged) return RowVersion::kStaged;
+  if (forced_version == RowVersion::kCluster && fits_cluster) return RowVersion::kCluster;
+  if (forced_version == RowVersion::kTiled && can_tile) return RowVersion::kTiled;
+  if (forced_version == RowVersion::kGlobal) return RowVersion::kGlobal;
   if (can_tile && vectors >= thresholds.tiled_min_vectors) return RowVersion::kTiled;
   if (vectors >= thresholds.global_min_vectors) return RowVersion::kGlobal;
   if (fits_cluster && vectors >= thresholds.cluster_min_vectors) return RowVersion::kCluster;
@@ -2296,9 +2296,9 @@ RowThresholds row_thresholds(const RowTuning (&table)[N], int arch) {
 template <typename Args>
 Args with_table_chunks(const Args& given, bool chunked, bool vectorized, int64_t vectors, const RowThresholds& table) {
   Args args = given;
-  const ChunkSize forced = forced_chunk_size();
-  const bool coarse = forced == ChunkSize::kAuto ? vectorized && vectors >= table.coarse_chunks_min_vectors
-                                                 : forced == ChunkSize::kCoarse;
+  const ChunkSize forced_size = forced<ChunkSize>();
+  const bool coarse = forced_size == ChunkSize::kAuto ? vectorized && vectors >= table.coarse_chunks_min_vectors
+                                                      : forced_size == ChunkSize::kCoarse;
   if (chunked && coarse) chunk_rows(args, true);
   last_rows_per_chunk() = chunked ? args.rows_per_chunk : 0;
   return args;
@@ -2330,10 +2330,10 @@ void launch_row_op(const Args& given, const Math& math, const RowTuning (&tuning
   RowThresholds thresholds = table;
   if (!vectorized) thresholds.global_min_vectors = thresholds.cluster_min_vectors = kNever;
   // Asked only where it could be chosen: the occupancy query costs host time.
-  const bool may_cluster = forced_row_version() == RowVersion::kCluster ||
+  const bool may_cluster = forced<RowVersion>() == RowVersion::kCluster ||
                            (!fits_registers && !fits_wide && !fits_staged) || vectors >= thresholds.cluster_min_vectors;
   // Small cluster blocks from the table's "small" line on (rows of 16-byte vectors), or forced.
-  const ClusterBlocks forced_blocks = forced_cluster_blocks();
+  const ClusterBlocks forced_blocks = forced<ClusterBlocks>();
   const bool small_blocks = forced_blocks == ClusterBlocks::kAuto
                                 ? vectorized && vectors >= thresholds.small_cluster_blocks_min_vectors
                                 : forced_blocks == ClusterBlocks::kSmall;

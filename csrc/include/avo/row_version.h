@@ -64,11 +64,15 @@ struct RowThresholds {
 // (narrow_row_kernel); kTiled cuts rows into column tiles (TiledRow).
 enum class RowVersion { kAuto = -1, kRegister, kPipelined, kWide, kStaged, kCluster, kGlobal, kTiled, kNarrow };
 
-// The process-wide choice. A forced version that a call cannot take (a row too long
-// for registers, say) is ignored for that call.
-inline RowVersion& forced_row_version() {
-  static RowVersion forced = RowVersion::kAuto;
-  return forced;
+// The process-wide choice of a kind E of the GPU rows' dispatch (RowVersion, ChunkSize,
+// ClusterBlocks below): E::kAuto, as the dispatch table says, unless a test or benchmark
+// forced one (avo_ops._C.set_row_version, set_chunk_size, set_cluster_blocks). A forced
+// version that a call cannot take (a row too long for registers, say) is ignored for that
+// call.
+template <typename E>
+inline E& forced() {
+  static E choice = E::kAuto;
+  return choice;
 }
 
 // The version the last CUDA row-op call took (kAuto before any): a benchmark that forces
@@ -83,10 +87,6 @@ inline RowVersion& last_row_version() {
 // (avo_ops._C.set_chunk_size). The rows a chunk of the last call with per-column sums:
 // a benchmark reads it to know whether forcing changed the chunks.
 enum class ChunkSize { kAuto = -1, kFine, kCoarse };
-inline ChunkSize& forced_chunk_size() {
-  static ChunkSize forced = ChunkSize::kAuto;
-  return forced;
-}
 inline int64_t& last_rows_per_chunk() {
   static int64_t last = 0;
   return last;
@@ -98,10 +98,6 @@ inline int64_t& last_rows_per_chunk() {
 // cluster version (0 before any): a benchmark reads it to know whether forcing changed
 // the blocks.
 enum class ClusterBlocks { kAuto = -1, kFull, kSmall };
-inline ClusterBlocks& forced_cluster_blocks() {
-  static ClusterBlocks forced = ClusterBlocks::kAuto;
-  return forced;
-}
 inline int& last_cluster_block_threads() {
   static int last = 0;
   return last;
