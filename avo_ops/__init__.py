@@ -19,6 +19,9 @@ from ._generated import *  # noqa: F401,F403
 from ._generated import OPS, __all__ as _generated_names
 from . import nn  # noqa: E402  (drop-in modules; after the ops they call)
 from .patching import PatchReport, patch, unpatch  # noqa: E402
+from ._compile_cache import tag_compile_caches  # noqa: E402
+
+tag_compile_caches()  # compiled graphs of a build whose ops took other arguments compile again
 
 __version__ = "0.1.0"
 

@@ -271,6 +271,28 @@ def test_torch_compile_fullgraph_forward_and_backward(device, dynamic):
         assert_matches_reference(grad_x, expected, torch.float32, scale=_scale(grad_y))
 
 
+def test_compile_caches_are_keyed_by_the_ops_schemas():
+    """Importing avo_ops adds a digest of its ops' schemas to torch's cache key tag, so that
+    a graph compiled with a build whose ops took other arguments compiles again instead of
+    being loaded from disk: the digest changes with the registered schemas, the tag is
+    added once, and a tag of the user's stays."""
+    from avo_ops._compile_cache import schemas_digest, tag_compile_caches
+
+    digest = schemas_digest()
+    assert f"avo_ops:{digest}" in torch.compiler.config.cache_key_tag.split()
+    library = torch.library.Library("avo", "FRAGMENT")
+    try:
+        library.define("schema_digest_probe(Tensor x) -> Tensor")
+        assert schemas_digest() != digest
+    finally:
+        library._destroy()
+    assert schemas_digest() == digest
+    with torch.compiler.config.patch(cache_key_tag="mine"):
+        tag_compile_caches()
+        tag_compile_caches()
+        assert torch.compiler.config.cache_key_tag == f"mine avo_ops:{digest}"
+
+
 # ---------------------------------------------------------------------------------
 # Argument errors: each names the op and the argument
 # ---------------------------------------------------------------------------------
