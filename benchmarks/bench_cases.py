@@ -233,17 +233,23 @@ def rmsnorm_cases() -> list[Case]:
     ]
 
 
-def softmax_cases(op: str, fwd: Callable, aten_bwd: Callable) -> list[Case]:
+def softmax_cases(op: str, fwd: Callable, aten_bwd: Callable, backward_reads_y: bool) -> list[Case]:
     # torch.ops.avo.<op> is looked up at call time: avo_ops may not be loaded (--no-avo).
+    def avo_backward(dy, x, y, *saved):
+        # softmax's backward reads the output y, as torch's does; log_softmax's reads x and
+        # its saved row maximum and sum: as many bytes.
+        backward = getattr(torch.ops.avo, f"{op}_backward")
+        return backward(dy, y) if backward_reads_y else backward(dy, *saved, x)
+
+    saved = (lambda x: ()) if backward_reads_y else (lambda x: avo_saved(op, 1, x))
+    backward_inputs = randn_inputs(2, extra=lambda dy, x: (fwd(x, -1), *saved(x)))
     return [
         Case(op, "fwd", randn_inputs(1),
              avo=lambda x: getattr(torch.ops.avo, op)(x),
              eager=lambda x: fwd(x, -1),
              traffic=Traffic(1, 1)),
-        # avo reads x and its saved row maximum and sum, eager the saved output y: the
-        # same bytes either way (dy and x-or-y read, dx written).
-        Case(op, "bwd", randn_inputs(2, extra=lambda dy, x: (fwd(x, -1), *avo_saved(op, 1, x))),
-             avo=lambda dy, x, y, row_max, total: getattr(torch.ops.avo, f"{op}_backward")(dy, row_max, total, x),
+        # dy and x-or-y read, dx written.
+        Case(op, "bwd", backward_inputs, avo=avo_backward,
              eager=lambda dy, x, y, *_: aten_bwd(dy, y, -1, x.dtype),
              traffic=Traffic(2, 1)),
     ]
@@ -367,8 +373,8 @@ CASES: list[Case] = [
     *silu_cases(),
     *layernorm_cases(),
     *rmsnorm_cases(),
-    *softmax_cases("softmax", torch.softmax, torch.ops.aten._softmax_backward_data),
-    *softmax_cases("log_softmax", torch.log_softmax, torch.ops.aten._log_softmax_backward_data),
+    *softmax_cases("softmax", torch.softmax, torch.ops.aten._softmax_backward_data, backward_reads_y=True),
+    *softmax_cases("log_softmax", torch.log_softmax, torch.ops.aten._log_softmax_backward_data, backward_reads_y=False),
     *swish_layernorm_cases(),
     *add_norm_cases(),
     *channel_norm_cases(),

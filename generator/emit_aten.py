@@ -26,7 +26,7 @@ from .autodiff import differentiate, grad_name, read_as_inputs
 from .emit_binding import CPP_ARG_TYPES
 from .emit_c import COMPARE, INFIX, PRECEDENCE, float_literal, needs_parentheses
 from .ir import Graph, Node, tensor, topological_order
-from .schedule import KernelInput, OpSchedule, channels_first
+from .schedule import KernelInput, OpSchedule, RowKernel, channels_first
 
 _ARITHMETIC = (*INFIX, "neg")  # the operations printed as C++ operators
 _TENSOR_FUNCTIONS = {"exp": "at::exp", "log": "at::log", "sqrt": "at::sqrt", "rsqrt": "at::rsqrt",
@@ -246,6 +246,27 @@ def emit_math_in_aten(s: OpSchedule) -> list[str]:
     return _function(s, "math_in_aten", comment, s.forward.inputs,
                      lambda graph: Graph(graph.spec, graph.specialization,
                                          {o.name: graph.results[o.name] for o in s.spec.outputs}, graph.names))
+
+
+def reads_only_kept_tensors(s: OpSchedule) -> bool:
+    """Whether the op's backward reads nothing but the incoming gradients and tensors that
+    autograd keeps with their graph, some outputs among them in place of inputs (softmax's
+    y, not x): no per-row value the forward saved (computed from the inputs without a
+    graph) and no per-column sum. Its math in ATen is then differentiable as it stands."""
+    if not isinstance(s.backward, RowKernel) or channels_first(s.forward):
+        return False
+    return not s.saved and not s.backward.column_outputs and any(kind == "output" for kind, _ in s.kept_for_backward)
+
+
+def emit_backward_math_in_aten(s: OpSchedule) -> list[str]:
+    """For a double backward of an op whose backward reads only what autograd keeps
+    (reads_only_kept_tensors): `backward_math_in_aten`, the backward's math in ATen
+    operations, in float32, from the incoming gradients and the kept tensors."""
+    backward = {id(f): b for (_, f), (_, b) in zip(s.forward.graphs, s.backward.graphs)}
+    comment = textwrap.wrap(f"The math of {s.backward.qualified_name} in ATen operations, in float32, for a double "
+                            "backward: torch differentiates it again, through the kept outputs back to this op.", 90)
+    return _function(s, "backward_math_in_aten", ["// " + line for line in comment], s.backward.inputs,
+                     lambda graph: backward[id(graph)])
 
 
 def emit_math_from_kept(s: OpSchedule, kept: KeptOutputMath) -> list[str]:

@@ -13,7 +13,8 @@ host time per call, more than the whole torch call it replaces on a small tensor
 ops share one file so that the autograd headers are compiled once."""
 from __future__ import annotations
 
-from .emit_aten import emit_math_from_kept, emit_math_in_aten, kept_output_math
+from .emit_aten import (emit_backward_math_in_aten, emit_math_from_kept, emit_math_in_aten, kept_output_math,
+                        reads_only_kept_tensors)
 from .emit_binding import _cpp_params, _return_type, op_handle
 from .emit_kernels import header_comment
 from .schedule import OpSchedule
@@ -67,6 +68,7 @@ def _function(s: OpSchedule) -> list[str]:
              "}", "",
              *emit_math_in_aten(s),
              *(emit_math_from_kept(s, kept_output_math(s)) if kept_output_math(s) else []),
+             *(emit_backward_math_in_aten(s) if reads_only_kept_tensors(s) else []),
              "class Function : public torch::autograd::Function<Function> {",
              " public:",
              f"  static torch::autograd::variable_list forward({forward_params}) {{",
@@ -85,8 +87,19 @@ def _function(s: OpSchedule) -> list[str]:
     saved_attrs = [f'ctx->saved_data["{a.name}"].{_SAVED_READ[a.type]}' for a in attrs]
     call += saved_attrs
     from_kept = kept_output_math(s)
-    twice_differentiable = from_kept is not None or all(("input", k) in kept for k in range(len(inputs)))
-    if twice_differentiable:
+    backward_in_aten = from_kept is None and reads_only_kept_tensors(s)
+    twice_differentiable = (from_kept is not None or backward_in_aten
+                            or all(("input", k) in kept for k in range(len(inputs))))
+    if backward_in_aten:
+        # A backward that must itself be differentiable (create_graph=True) computes its math
+        # in ATen operations from the kept outputs (softmax's y), whose graph leads back to
+        # this op: torch differentiates it again as it would its own softmax backward.
+        math = f"backward_math_in_aten({', '.join(call)})"
+        returned = [f"gradients[{o}]" for o in s.gradient_outputs] + ["at::Tensor()"] * len(attrs)
+        lines += ["    if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own",
+                  f"      const std::vector<at::Tensor> gradients = {math};",
+                  f"      return {{{', '.join(returned)}}};", "    }"]
+    elif twice_differentiable:
         # A backward that must itself be differentiable takes its gradients from the math: of
         # the inputs kept, and where outputs are kept in place of inputs (add_layernorm's
         # hidden for x and residual), of those outputs, the left-out inputs' from theirs.
@@ -164,7 +177,7 @@ def _function(s: OpSchedule) -> list[str]:
         why = (f"differentiate {fwd.qualified_name} itself (its double backward takes the gradients from its math, "
                "not from this op)")
         comment = ["// The backward op has no derivative of its own (Function::backward takes the gradients",
-                   "// of a double backward from math_in_aten instead): a call that would record a graph",
+                   "// of a double backward from the math in ATen instead): a call that would record a graph",
                    "// raises, where torch's fallback would warn and let no second derivative reach the inputs."]
     else:
         why = f"{fwd.qualified_name} has first derivatives only (no double backward, no create_graph=True)"

@@ -115,11 +115,11 @@ def emit_python(s: OpSchedule) -> str:
     else:
         lines += ["    @staticmethod", f"    def forward({_params(fwd, False)}):",
                   f"        return torch.ops.{ns}.{name}({all_inputs})", "",
-                  "    @staticmethod", "    def setup_context(ctx, inputs, output):",
-                  f"        {all_inputs}{',' if len(tensor_names + attr_names) == 1 else ''} = inputs"]
+                  "    @staticmethod", "    def setup_context(ctx, inputs, output):"]
+        if attr_names or any(kind == "input" for kind, _ in s.kept_for_backward):
+            lines.append(f"        {all_inputs}{',' if len(tensor_names + attr_names) == 1 else ''} = inputs")
         if any(kind == "output" for kind, _ in s.kept_for_backward):
-            lines.append(f"        {', '.join(outputs)}{',' if len(outputs) == 1 else ''} = "
-                         f"{'(output,)' if len(outputs) == 1 else 'output'}")
+            lines.append(f"        {', '.join(outputs)} = output")
         lines += [f"        ctx.save_for_backward({', '.join(kept)})"]
         lines += [f"        ctx.{a} = {a}" for a in attr_names]
         lines.append("")

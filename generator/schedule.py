@@ -292,6 +292,10 @@ def _schedule_rows(spec: OpSpec, namespace: str, variants) -> OpSchedule:
     backward_graphs = tuple((s, lower_backward(spec, s.as_dict)) for s in variants)
     forward_graphs, backward_graphs, saved = _save_row_values(forward_graphs, backward_graphs)
     backward_graphs, read_outputs = _read_saved_outputs(forward_graphs, backward_graphs)
+    read = set().union(*(tensors_read(g) for _, g in backward_graphs))
+    # The outputs the backward reads: those above and those a gradient formula of the spec
+    # names (softmax's y).
+    read_outputs = tuple(o.name for o in spec.outputs if o.name in read_outputs or o.name in read)
     scalars = tuple((a.name, CPP_SCALAR_TYPES[a.type]) for a in spec.attrs if a.type != "str")
     inputs = tuple(KernelInput(i.name, i.optional, i.default, kernel_domain(spec, i.shape)) for i in spec.inputs)
     outputs = tuple(KernelOutput(o.name, kernel_domain(spec, o.shape)) for o in spec.outputs)
@@ -306,7 +310,6 @@ def _schedule_rows(spec: OpSpec, namespace: str, variants) -> OpSchedule:
     # The saved values and outputs come before the inputs, whose optional ones (with their
     # defaults) end the list. A required input that no backward reads is left out (x and
     # residual of add_rmsnorm, whose backward reads hidden), so that autograd need not keep it.
-    read = set().union(*(tensors_read(g) for _, g in backward_graphs))
     backward_inputs = tuple(i for i in inputs if i.optional or i.name in read)
     backward = RowKernel(spec, "backward", grad_inputs + saved_inputs + output_inputs + backward_inputs, grad_outputs,
                          scalars, backward_graphs, namespace, gradient_outputs)

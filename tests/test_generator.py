@@ -718,6 +718,16 @@ def test_gradient_override_may_use_every_math_name():
     torch.testing.assert_close(derived["grad_x"], 2 * x, rtol=1e-12, atol=1e-12)
 
 
+def test_gradient_override_naming_an_output_of_a_map_op_computes_it_again():
+    # A map op's backward takes the inputs only: y in the formula is exp(x), computed again.
+    spec = elementwise_spec({"y": "exp(x)"}, grads={"x": "grad_y * y"})
+    gen = torch.Generator().manual_seed(5)
+    x, g = anywhere(gen, N), torch.randn(N, generator=gen, dtype=torch.float64)
+    derived = evaluate(lower_backward(spec, {}).results, {"x": x, "grad_y": g}, x)
+    torch.testing.assert_close(derived["grad_x"], g * torch.exp(x), rtol=1e-12, atol=1e-12)
+    assert [i.name for i in schedule(spec).backward.inputs] == ["grad_y", "x"]
+
+
 # ---------------------------------------------------------------------------------
 # 4-6. Generated files: determinism, --check, headers and includes
 # ---------------------------------------------------------------------------------
@@ -901,6 +911,24 @@ def test_row_schedule_saves_the_statistics_and_shares_equal_gradients():
     assert [i.name for i in s.gradient_owners] == ["x", "weight", "bias"]
     assert [(k.op_name(saving), saving) for k, saving in s.registrations] == [
         ("add_layernorm", False), ("add_layernorm_forward", True), ("add_layernorm_backward", False)]
+
+
+def test_softmax_backward_reads_the_y_its_gradient_formula_names():
+    """softmax's spec writes x's gradient in y: its backward takes grad_y and y (no x, no
+    saved row values), autograd keeps y alone, there is no saving forward, and its double
+    backward runs the backward's math in ATen from y, whose graph leads back to x."""
+    from generator.emit_autograd import emit_autograd
+
+    with open(REPO / "specs" / "softmax.yaml", encoding="utf-8") as f:
+        s = schedule(parse(f.read(), "specs/softmax.yaml"))
+    assert s.saved == ()
+    assert [(o.name, o.domain) for o in s.forward.outputs] == [("y", "elem")]
+    assert [(i.name, i.domain) for i in s.backward.inputs] == [("grad_y", "elem"), ("y", "elem")]
+    assert s.kept_for_backward == (("output", 0),)
+    assert [(k.op_name(saving), saving) for k, saving in s.registrations] == [
+        ("softmax", False), ("softmax_backward", False)]
+    text = emit_autograd([s])
+    assert "backward_math_in_aten(grads[0], saved[0])" in text and "first derivatives only" not in text
 
 
 def test_elementwise_schedule_saves_nothing_and_keeps_one_gradient_per_input():

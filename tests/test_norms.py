@@ -5,8 +5,9 @@ determinism of the parameter gradients and argument errors.
 
 Tolerances. Every reference is computed by torch in float64 on the upcast inputs (which
 are already rounded to the test dtype; the add ops' references round hidden = x + residual
-to it too before normalizing it, as the ops do, like torch's layer_norm(x + residual)), so
-the only errors left are the kernels' own:
+to it too before normalizing it, as the ops do, like torch's layer_norm(x + residual); softmax's
+reference gradient is taken at its output rounded to the dtype, which its backward reads, as
+torch's does), so the only errors left are the kernels' own:
   * The result is rounded to the output dtype: half an ulp, 2^-8 relative for bfloat16
     and 2^-11 for float16. conftest.TOLERANCES allows four times that (rtol 1.6e-2 /
     2e-3); fp32 gets rtol 2e-5, a few ulps.
@@ -68,12 +69,15 @@ def _rms(h, w, eps=1e-6):
 
 
 class Op:
-    def __init__(self, name, elems, params, reference, kind):
+    def __init__(self, name, elems, params, reference, kind, backward_reads=()):
         self.name = name
         self.elems = elems  # ("x",) or ("x", "residual")
         self.params = params  # (), ("weight",) or ("weight", "bias")
         self.reference = reference  # float64 reference: (dtype, tensors in order) -> tuple of outputs
         self.kind = kind  # "layernorm", "rmsnorm", "softmax" or "log_softmax"
+        # The outputs the backward reads in place of the per-element inputs (add_rmsnorm's
+        # hidden, softmax's y).
+        self.backward_reads = backward_reads
 
     @property
     def outputs(self):
@@ -88,17 +92,26 @@ class Op:
     def backward_op(self):
         return getattr(torch.ops.avo, self.name + "_backward")
 
+    @property
+    def saves(self):
+        """Whether the forward saves per-row values for the backward (in <op>_forward)."""
+        return self.kind != "softmax"
+
     def saved(self, *tensors):
         """The per-row values <op>_forward returns after the outputs, for the backward."""
+        if not self.saves:
+            return ()
         return _tuple(getattr(torch.ops.avo, self.name + "_forward")(*tensors))[len(self.outputs):]
 
     def backward_args(self, grads, tensors):
         """The arguments of <op>_backward for these gradients, at these inputs: the
-        gradients, what the forward saved there, then the inputs (the add ops' backward
-        reads the output hidden in place of x and residual)."""
-        if len(self.elems) == 2:
-            return (*grads, *self.saved(*tensors), self.op(*tensors)[0], *tensors[2:])
-        return (*grads, *self.saved(*tensors), *tensors)
+        gradients, what the forward saved there, the outputs it reads, then the inputs
+        (without the per-element ones where it reads outputs in their place)."""
+        if not self.backward_reads:
+            return (*grads, *self.saved(*tensors), *tensors)
+        outputs = dict(zip(self.outputs, _tuple(self.op(*tensors))))
+        read = [outputs[name] for name in self.backward_reads]
+        return (*grads, *self.saved(*tensors), *read, *tensors[len(self.elems):])
 
     def backward(self, grads, tensors):
         """<op>_backward of these gradients, at these inputs."""
@@ -115,18 +128,32 @@ def stored(h, dtype):
     return h + (h.to(dtype).double() - h).detach()
 
 
+def softmax_reading_stored(x, dtype):
+    """float64 softmax whose gradient is taken at y as `dtype` holds it (y_r, rounded):
+    y_r * (g - sum(g * y_r)), the backward of the op and of torch, which read the output
+    the caller has. Its value is softmax(x); the gradient comes from a linear function
+    whose Jacobian is the softmax Jacobian at y_r (symmetric), added as zero."""
+    y = torch.softmax(x, -1).detach()
+    y_r = y.to(dtype).double()
+    linear = y_r * (x - (x * y_r).sum(-1, keepdim=True))
+    return y + (linear - linear.detach())
+
+
 # reference(dtype, *tensors64): the float64 outputs; `dtype` is the test's.
 OPS = {
     "layernorm": Op("layernorm", ("x",), ("weight", "bias"), lambda dt, x, w, b: (_ln(x, w, b),), "layernorm"),
     "rmsnorm": Op("rmsnorm", ("x",), ("weight",), lambda dt, x, w: (_rms(x, w),), "rmsnorm"),
-    "softmax": Op("softmax", ("x",), (), lambda dt, x: (torch.softmax(x, -1),), "softmax"),
+    "softmax": Op("softmax", ("x",), (), lambda dt, x: (softmax_reading_stored(x, dt),), "softmax",
+                  backward_reads=("y",)),
     "log_softmax": Op("log_softmax", ("x",), (), lambda dt, x: (torch.log_softmax(x, -1),), "log_softmax"),
     "swish_layernorm": Op("swish_layernorm", ("x",), ("weight", "bias"),
                           lambda dt, x, w, b: (_ln(F.silu(x), w, b),), "layernorm"),
     "add_layernorm": Op("add_layernorm", ("x", "residual"), ("weight", "bias"),
-                        lambda dt, x, r, w, b: (x + r, _ln(stored(x + r, dt), w, b)), "layernorm"),
+                        lambda dt, x, r, w, b: (x + r, _ln(stored(x + r, dt), w, b)), "layernorm",
+                        backward_reads=("hidden",)),
     "add_rmsnorm": Op("add_rmsnorm", ("x", "residual"), ("weight",),
-                      lambda dt, x, r, w: (x + r, _rms(stored(x + r, dt), w)), "rmsnorm"),
+                      lambda dt, x, r, w: (x + r, _rms(stored(x + r, dt), w)), "rmsnorm",
+                      backward_reads=("hidden",)),
 }
 ALL = list(OPS)
 NORMS = [name for name in OPS if OPS[name].params]  # the ops with parameters
@@ -589,10 +616,10 @@ def test_backward_op_returns_one_gradient_per_input(name, device):
 
 def _saved_reference(op, tensors64, dtype):
     """The per-row values <op>_forward saves, in float64: the mean and rstd (layernorm
-    family) or the rstd (rmsnorm family) of the normalized tensor; softmax's row maximum
-    and sum of exp(x - max)."""
+    family) or the rstd (rmsnorm family) of the normalized tensor; log_softmax's row
+    maximum and sum of exp(x - max)."""
     x = tensors64[0]
-    if op.kind in ("softmax", "log_softmax"):
+    if op.kind == "log_softmax":
         row_max = x.amax(-1)
         return [row_max, torch.exp(x - row_max.unsqueeze(-1)).sum(-1)]
     h = stored(x + tensors64[1], dtype) if len(op.elems) == 2 else x
@@ -602,7 +629,7 @@ def _saved_reference(op, tensors64, dtype):
 
 
 @pytest.mark.parametrize("shape", [(5, 33), (2, 3, 130), (0, 16)], ids=str)
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", [name for name in ALL if OPS[name].saves])
 def test_forward_saves_per_row_values_matching_float64(name, shape, device, dtype):
     """<op>_forward returns exactly the op's outputs, then per-row fp32 values: those the
     backward reads, against their float64 definition."""
@@ -635,8 +662,21 @@ def test_backward_rejects_saved_values_it_cannot_read(device):
 
 def test_saving_forward_is_not_differentiable(device):
     x = torch.randn(3, 8, device=device, requires_grad=True)
-    with pytest.raises(RuntimeError, match="avo::softmax_forward is not differentiable: call avo::softmax"):
-        torch.ops.avo.softmax_forward(x)
+    with pytest.raises(RuntimeError, match="avo::log_softmax_forward is not differentiable: call avo::log_softmax"):
+        torch.ops.avo.log_softmax_forward(x)
+
+
+def test_softmax_backward_reads_y_and_its_forward_saves_nothing(device):
+    """softmax's backward is written in y (specs/softmax.yaml), as torch's: it takes the
+    incoming gradient and y, autograd keeps y alone, and there is no saving forward."""
+    schema = torch.ops.avo.softmax_backward.default._schema
+    assert [a.name for a in schema.arguments] == ["grad_y", "y"]
+    assert not hasattr(torch.ops.avo, "softmax_forward")
+    x = torch.randn(4, 40, device=device, dtype=torch.float64).float().requires_grad_(True)
+    y = torch.ops.avo.softmax(x)
+    dy = torch.randn_like(y)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    assert torch.equal(dx, torch.ops.avo.softmax_backward(dy, y.detach()))
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -1149,7 +1189,8 @@ def test_opcheck(name, params, device):
     forward_args = [None if t is None else t.clone().requires_grad_(True) for t in tensors]
     torch.library.opcheck(getattr(torch.ops.avo, name).default, tuple(forward_args))
     grads = [randn((6, 33), torch.float32, device) for _ in op.outputs]
-    torch.library.opcheck(getattr(torch.ops.avo, name + "_forward").default, tuple(tensors))
+    if op.saves:
+        torch.library.opcheck(getattr(torch.ops.avo, name + "_forward").default, tuple(tensors))
     torch.library.opcheck(op.backward_op().default, op.backward_args(grads, tensors))
 
 
@@ -1238,7 +1279,8 @@ def test_mixed_dtypes_are_rejected(name, device):
     op = OPS[name]
     tensors = make_inputs(op, (3, 8), torch.float32, device)
     if len(tensors) == 1:  # one tensor input: mix in the backward op's gradient
-        with pytest.raises(TypeError, match=rf"avo::{name}_backward: argument 'x' has dtype float16 but "
+        read = op.backward_reads[0] if op.backward_reads else "x"  # softmax's backward reads y
+        with pytest.raises(TypeError, match=rf"avo::{name}_backward: argument '{read}' has dtype float16 but "
                                             r"'grad_y' has dtype float32"):
             op.backward_op()(torch.randn(3, 8, device=device), *op.saved(tensors[0]), tensors[0].half())
         return

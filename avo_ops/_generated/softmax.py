@@ -15,14 +15,9 @@ def _softmax_fake(x):
     return _runtime.row_fake("avo::softmax", {"x": (x, "elem")}, [("elem", True)])
 
 
-@torch.library.register_fake("avo::softmax_forward")
-def _softmax_forward_fake(x):
-    return _runtime.row_fake("avo::softmax_forward", {"x": (x, "elem")}, [("elem", True), ("saved", True), ("saved", True)])
-
-
 @torch.library.register_fake("avo::softmax_backward")
-def _softmax_backward_fake(grad_y, row_max, total, x):
-    return _runtime.row_fake("avo::softmax_backward", {"grad_y": (grad_y, "elem"), "row_max": (row_max, "saved"), "total": (total, "saved"), "x": (x, "elem")}, [("elem", True)])
+def _softmax_backward_fake(grad_y, y):
+    return _runtime.row_fake("avo::softmax_backward", {"grad_y": (grad_y, "elem"), "y": (y, "elem")}, [("elem", True)])
 
 
 @torch.library.register_vmap("avo::softmax")
@@ -31,9 +26,9 @@ def _softmax_vmap(info, in_dims, x):
 
 
 def _backward(ctx, grad_y):
-    row_max, total, x = ctx.saved_tensors
-    grad_x = torch.ops.avo.softmax_backward(grad_y, row_max, total, x)
-    return _runtime.reduce_grad(grad_x, x)
+    y, = ctx.saved_tensors
+    grad_x = torch.ops.avo.softmax_backward(grad_y, y)
+    return grad_x
 
 
 class SoftmaxFunction(torch.autograd.Function):
@@ -41,10 +36,13 @@ class SoftmaxFunction(torch.autograd.Function):
     own autograd kernel (torch.ops.avo.softmax is differentiable without it)."""
 
     @staticmethod
-    def forward(ctx, x):
-        y, row_max, total = torch.ops.avo.softmax_forward(x)
-        ctx.save_for_backward(row_max, total, x)
-        return y
+    def forward(x):
+        return torch.ops.avo.softmax(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        y = output
+        ctx.save_for_backward(y)
 
     backward = staticmethod(_backward)
 

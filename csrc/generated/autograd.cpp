@@ -242,7 +242,7 @@ std::tuple<at::Tensor, at::Tensor> autograd_kernel(c10::DispatchKeySet keys, con
 }
 
 // The backward op has no derivative of its own (Function::backward takes the gradients
-// of a double backward from math_in_aten instead): a call that would record a graph
+// of a double backward from the math in ATen instead): a call that would record a graph
 // raises, where torch's fallback would warn and let no second derivative reach the inputs.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& hidden, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
   TORCH_CHECK(!avo::autograd::any_tangent(grad_hidden, grad_y, mu, rstd, hidden, weight, bias), "avo::add_layernorm_backward has no forward-mode "
@@ -365,7 +365,7 @@ std::tuple<at::Tensor, at::Tensor> autograd_kernel(c10::DispatchKeySet keys, con
 }
 
 // The backward op has no derivative of its own (Function::backward takes the gradients
-// of a double backward from math_in_aten instead): a call that would record a graph
+// of a double backward from the math in ATen instead): a call that would record a graph
 // raises, where torch's fallback would warn and let no second derivative reach the inputs.
 std::tuple<at::Tensor, at::Tensor> backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& rrms, const at::Tensor& hidden, const std::optional<at::Tensor>& weight, double eps) {
   TORCH_CHECK(!avo::autograd::any_tangent(grad_hidden, grad_y, rrms, hidden, weight), "avo::add_rmsnorm_backward has no forward-mode "
@@ -480,7 +480,7 @@ at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x, const 
 }
 
 // The backward op has no derivative of its own (Function::backward takes the gradients
-// of a double backward from math_in_aten instead): a call that would record a graph
+// of a double backward from the math in ATen instead): a call that would record a graph
 // raises, where torch's fallback would warn and let no second derivative reach the inputs.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
   TORCH_CHECK(!avo::autograd::any_tangent(grad_y, mu, rstd, x, gamma, beta), "avo::channel_norm_backward has no forward-mode "
@@ -580,7 +580,7 @@ at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x, c10::s
 }
 
 // The backward op has no derivative of its own (Function::backward takes the gradients
-// of a double backward from math_in_aten instead): a call that would record a graph
+// of a double backward from the math in ATen instead): a call that would record a graph
 // raises, where torch's fallback would warn and let no second derivative reach the inputs.
 at::Tensor backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& x, c10::string_view approximate) {
   TORCH_CHECK(!avo::autograd::any_tangent(grad_y, x), "avo::gelu_backward has no forward-mode "
@@ -675,7 +675,7 @@ at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x, const 
 }
 
 // The backward op has no derivative of its own (Function::backward takes the gradients
-// of a double backward from math_in_aten instead): a call that would record a graph
+// of a double backward from the math in ATen instead): a call that would record a graph
 // raises, where torch's fallback would warn and let no second derivative reach the inputs.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
   TORCH_CHECK(!avo::autograd::any_tangent(grad_y, mu, rstd, x, weight, bias), "avo::layernorm_backward has no forward-mode "
@@ -775,7 +775,7 @@ at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x) {
 }
 
 // The backward op has no derivative of its own (Function::backward takes the gradients
-// of a double backward from math_in_aten instead): a call that would record a graph
+// of a double backward from the math in ATen instead): a call that would record a graph
 // raises, where torch's fallback would warn and let no second derivative reach the inputs.
 at::Tensor backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& saved_0, const at::Tensor& total, const at::Tensor& x) {
   TORCH_CHECK(!avo::autograd::any_tangent(grad_y, saved_0, total, x), "avo::log_softmax_backward has no forward-mode "
@@ -877,7 +877,7 @@ at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x, const 
 }
 
 // The backward op has no derivative of its own (Function::backward takes the gradients
-// of a double backward from math_in_aten instead): a call that would record a graph
+// of a double backward from the math in ATen instead): a call that would record a graph
 // raises, where torch's fallback would warn and let no second derivative reach the inputs.
 std::tuple<at::Tensor, at::Tensor> backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& rrms, const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
   TORCH_CHECK(!avo::autograd::any_tangent(grad_y, rrms, x, weight), "avo::rmsnorm_backward has no forward-mode "
@@ -969,7 +969,7 @@ at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x) {
 }
 
 // The backward op has no derivative of its own (Function::backward takes the gradients
-// of a double backward from math_in_aten instead): a call that would record a graph
+// of a double backward from the math in ATen instead): a call that would record a graph
 // raises, where torch's fallback would warn and let no second derivative reach the inputs.
 at::Tensor backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& x) {
   TORCH_CHECK(!avo::autograd::any_tangent(grad_y, x), "avo::silu_backward has no forward-mode "
@@ -991,13 +991,8 @@ const auto& forward_op() {
   return op;
 }
 
-const auto& forward_saving_op() {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::softmax_forward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&)>();
-  return op;
-}
-
 const auto& backward_op() {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::softmax_backward", "").typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&)>();
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::softmax_backward", "").typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
   return op;
 }
 
@@ -1012,26 +1007,33 @@ std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg) {
   return {y};
 }
 
+// The math of avo::softmax_backward in ATen operations, in float32, for a double backward:
+// torch differentiates it again, through the kept outputs back to this op.
+std::vector<at::Tensor> backward_math_in_aten(const at::Tensor& grad_y_arg, const at::Tensor& y_arg) {
+  const at::Tensor grad_y = grad_y_arg.to(at::kFloat);
+  const at::Tensor y = y_arg.to(at::kFloat);
+  const at::Tensor t0 = y * (grad_y - at::sum(grad_y * y, -1, /*keepdim=*/true));
+  return {t0};
+}
+
 class Function : public torch::autograd::Function<Function> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    const auto results = forward_saving_op().call(x);
-    ctx->save_for_backward({std::get<1>(results), std::get<2>(results), x});
-    return {std::get<0>(results)};
+    const auto results = forward_op().call(x);
+    ctx->save_for_backward({results});
+    return {results};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
-      const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[2]});
-      const torch::autograd::variable_list gradients = avo::autograd::differentiable_gradients(
-          math_in_aten(inputs[0]), inputs, grads);
+      const std::vector<at::Tensor> gradients = backward_math_in_aten(grads[0], saved[0]);
       return {gradients[0]};
     }
-    const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[0], saved[1], saved[2])};
-    return {avo::autograd::sum_to_input(gradients[0], saved[2])};
+    const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[0])};
+    return {gradients[0]};
   }
 };
 
@@ -1059,26 +1061,15 @@ at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x) {
 }
 
 // The backward op has no derivative of its own (Function::backward takes the gradients
-// of a double backward from math_in_aten instead): a call that would record a graph
+// of a double backward from the math in ATen instead): a call that would record a graph
 // raises, where torch's fallback would warn and let no second derivative reach the inputs.
-at::Tensor backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& row_max, const at::Tensor& total, const at::Tensor& x) {
-  TORCH_CHECK(!avo::autograd::any_tangent(grad_y, row_max, total, x), "avo::softmax_backward has no forward-mode "
+at::Tensor backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& y) {
+  TORCH_CHECK(!avo::autograd::any_tangent(grad_y, y), "avo::softmax_backward has no forward-mode "
               "derivative: a tangent reached it (torch.func.jvp or torch.autograd.forward_ad)");
-  TORCH_CHECK(!avo::autograd::needs_grad(grad_y, row_max, total, x), "avo::softmax_backward is not differentiable: "
+  TORCH_CHECK(!avo::autograd::needs_grad(grad_y, y), "avo::softmax_backward is not differentiable: "
               "differentiate avo::softmax itself (its double backward takes the gradients from its math, not from this op)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return backward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, grad_y, row_max, total, x);
-}
-
-// Likewise the forward that returns the saved values: the autograd kernel above calls it
-// below autograd; differentiable calls go through the op itself.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_saving_autograd_kernel(const at::Tensor& x) {
-  TORCH_CHECK(!avo::autograd::any_tangent(x), "avo::softmax_forward has no forward-mode derivative: "
-              "call avo::softmax, whose tangents are defined");
-  TORCH_CHECK(!avo::autograd::needs_grad(x), "avo::softmax_forward is not differentiable: "
-              "call avo::softmax, whose gradient is defined");
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return forward_saving_op().call(x);
+  return backward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, grad_y, y);
 }
 
 }  // namespace softmax
@@ -1165,7 +1156,7 @@ at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x, const 
 }
 
 // The backward op has no derivative of its own (Function::backward takes the gradients
-// of a double backward from math_in_aten instead): a call that would record a graph
+// of a double backward from the math in ATen instead): a call that would record a graph
 // raises, where torch's fallback would warn and let no second derivative reach the inputs.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
   TORCH_CHECK(!avo::autograd::any_tangent(grad_y, mu, rstd, x, weight, bias), "avo::swish_layernorm_backward has no forward-mode "
@@ -1215,7 +1206,6 @@ TORCH_LIBRARY_IMPL(avo, Autograd, m) {
   m.impl("silu", &avo::autograd::silu::autograd_kernel);
   m.impl("silu_backward", &avo::autograd::silu::backward_autograd_kernel);
   m.impl("softmax", &avo::autograd::softmax::autograd_kernel);
-  m.impl("softmax_forward", &avo::autograd::softmax::forward_saving_autograd_kernel);
   m.impl("softmax_backward", &avo::autograd::softmax::backward_autograd_kernel);
   m.impl("swish_layernorm", &avo::autograd::swish_layernorm::autograd_kernel);
   m.impl("swish_layernorm_forward", &avo::autograd::swish_layernorm::forward_saving_autograd_kernel);

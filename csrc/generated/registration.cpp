@@ -37,8 +37,7 @@ TORCH_LIBRARY(avo, m) {
   m.def("silu_backward(Tensor grad_y, Tensor x) -> Tensor", {at::Tag::pt2_compliant_tag});
   // specs/softmax.yaml
   m.def("softmax(Tensor x) -> Tensor", {at::Tag::pt2_compliant_tag});
-  m.def("softmax_forward(Tensor x) -> (Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
-  m.def("softmax_backward(Tensor grad_y, Tensor row_max, Tensor total, Tensor x) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("softmax_backward(Tensor grad_y, Tensor y) -> Tensor", {at::Tag::pt2_compliant_tag});
   // specs/swish_layernorm.yaml
   m.def("swish_layernorm(Tensor x, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("swish_layernorm_forward(Tensor x, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> (Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});

@@ -55,8 +55,6 @@ struct ForwardMath {
       const float term = e;
       return term;
     });
-    row.store_row_f32(1, max_0);
-    row.store_row_f32(2, sum_0);
     const float r0 = 1.0f / sum_0;
     row.for_each(avo::columns<>, [&](const auto& at) {
       const float e = at.kept_on_host(0, [&] {
@@ -73,10 +71,10 @@ struct ForwardMath {
 struct BackwardMath {
   // Which inputs and outputs are per element, which inputs per column, and which are
   // per-row values the forward saved (row.load_saved) (bit k: input or output k).
-  static constexpr unsigned kElementInputs = 0x9u;
+  static constexpr unsigned kElementInputs = 0x3u;
   static constexpr unsigned kElementOutputs = 0x1u;
   static constexpr unsigned kColumnInputs = 0x0u;
-  static constexpr unsigned kSavedInputs = 0x6u;
+  static constexpr unsigned kSavedInputs = 0x0u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 0;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
@@ -87,7 +85,7 @@ struct BackwardMath {
   static constexpr int kKeptValues = 0;
   // Per-element values kept by the CPU rows alone (at.keep_on_host / at.kept_on_host):
   // they depend on per-row values too, or the register rows have no room for them.
-  static constexpr int kHostKeptValues = 1;
+  static constexpr int kHostKeptValues = 0;
   // Calls that reduce the row (row.sum, row.max, row.sums, row.sum_squares, row.moments, ...).
   static constexpr int kReductionPasses = 1;
 
@@ -97,26 +95,16 @@ struct BackwardMath {
   AVO_HOST_DEVICE void apply(const Row& row) const {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
-    const float row_max = row.load_saved(1);
-    const float total = row.load_saved(2);
     const float sum_0 = row.sum(avo::columns<>, [&](const auto& at) {
       const float grad_y = at.load(0);
-      const float e = at.keep_on_host(0, [&] {
-        const float x = at.load(3);
-        return F::exp(x - row_max);
-      });
-      const float term = grad_y * e;
+      const float y = at.load(1);
+      const float term = grad_y * y;
       return term;
     });
-    const float r0 = 1.0f / total;
-    const float r1 = r0 / total * sum_0;
     row.for_each(avo::columns<>, [&](const auto& at) {
+      const float y = at.load(1);
       const float grad_y = at.load(0);
-      const float e = at.kept_on_host(0, [&] {
-        const float x = at.load(3);
-        return F::exp(x - row_max);
-      });
-      const float grad_x = F::fma(grad_y, r0, -r1) * e;
+      const float grad_x = y * (grad_y - sum_0);
       at.store(0, grad_x);
     });
   }
