@@ -673,7 +673,10 @@ def test_softmax_backward_reads_y_and_its_forward_saves_nothing(device):
     assert [a.name for a in schema.arguments] == ["grad_y", "y"]
     assert not hasattr(torch.ops.avo, "softmax_forward")
     x = torch.randn(4, 40, device=device, dtype=torch.float64).float().requires_grad_(True)
-    y = torch.ops.avo.softmax(x)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = torch.ops.avo.softmax(x)
+    assert len(saved) == 1 and saved[0].data_ptr() == y.data_ptr()  # y, which the caller has anyway
     dy = torch.randn_like(y)
     (dx,) = torch.autograd.grad(y, x, dy)
     assert torch.equal(dx, torch.ops.avo.softmax_backward(dy, y.detach()))
