@@ -171,17 +171,17 @@ def lower_backward(spec: OpSpec, specialization: dict[str, str | bool]) -> Graph
     """The backward Graph: results are `grad_<input>` for every tensor input.
 
     A `grads:` entry in the spec replaces the derived formula for that input. In a row
-    op, an output's name in it reads that output as the caller has it (softmax's
-    y * (grad_y - sum(grad_y * y)): its backward reads y, not x); in a map op it is the
-    output's value, computed again from the inputs."""
+    op, the name of a per-element output in it reads that output as the caller has it
+    (softmax's y * (grad_y - sum(grad_y * y)): its backward reads y, not x); elsewhere
+    (a map op, a per-row output) an output's name is its value, computed again."""
     forward = lower_forward(spec, specialization)
     grads = differentiate(forward)
     env = base_env(spec, specialization)
     env.update(forward.bindings)
     for o in spec.outputs:
         env[grad_name(o.name)] = tensor(grad_name(o.name), shape_domain(spec, o.shape))
-        if reduced_dim(spec) is not None:
-            env[o.name] = tensor(o.name, shape_domain(spec, o.shape))
+        if reduced_dim(spec) is not None and shape_domain(spec, o.shape) == "elem":
+            env[o.name] = tensor(o.name, "elem")
     for override in spec.grads:
         grads[override.name] = lower_gradient_override(spec, specialization, env, override)
     results = simplified_row_sums({grad_name(name): node for name, node in grads.items()})

@@ -293,9 +293,10 @@ def _schedule_rows(spec: OpSpec, namespace: str, variants) -> OpSchedule:
     forward_graphs, backward_graphs, saved = _save_row_values(forward_graphs, backward_graphs)
     backward_graphs, read_outputs = _read_saved_outputs(forward_graphs, backward_graphs)
     read = set().union(*(tensors_read(g) for _, g in backward_graphs))
-    # The outputs the backward reads: those above and those a gradient formula of the spec
-    # names (softmax's y).
-    read_outputs = tuple(o.name for o in spec.outputs if o.name in read_outputs or o.name in read)
+    # The outputs the backward reads: those above and the per-element ones a gradient
+    # formula of the spec names (softmax's y; a saved per-row value may share an output's name).
+    named = set().union(*(tensors_read(g, "elem") for _, g in backward_graphs))
+    read_outputs = tuple(o.name for o in spec.outputs if o.name in read_outputs or o.name in named)
     scalars = tuple((a.name, CPP_SCALAR_TYPES[a.type]) for a in spec.attrs if a.type != "str")
     inputs = tuple(KernelInput(i.name, i.optional, i.default, kernel_domain(spec, i.shape)) for i in spec.inputs)
     outputs = tuple(KernelOutput(o.name, kernel_domain(spec, o.shape)) for o in spec.outputs)

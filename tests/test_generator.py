@@ -931,6 +931,29 @@ def test_softmax_backward_reads_the_y_its_gradient_formula_names():
     assert "backward_math_in_aten(grads[0], saved[0])" in text and "first derivatives only" not in text
 
 
+def test_a_per_row_output_named_in_a_gradient_formula_is_its_value():
+    """Only per-element outputs are read by name: a per-row output in a row op's formula is
+    its value, which the forward saves as the per-row value of that name."""
+    s = load_and_schedule("""\
+op: t
+doc: test op
+dtypes: [float32]
+inputs:
+  x: [..., N]
+outputs:
+  y: [..., N]
+  total: [...]
+math:
+  total: sum(x, N)
+  y: x / total
+grads:
+  x: grad_y / total + grad_total
+""")
+    assert s.saved == ("total",)
+    assert [(i.name, i.domain) for i in s.backward.inputs] == [
+        ("grad_y", "elem"), ("grad_total", "row"), ("total", "saved")]
+
+
 def test_elementwise_schedule_saves_nothing_and_keeps_one_gradient_per_input():
     s = load_and_schedule(COMPLETE_SPEC)
     assert s.saved == () and s.gradient_outputs == (0, 1, 2)
