@@ -2,12 +2,24 @@
 # Build avo_ops in place, run the tests and the quick benchmark, in one call on the GPU
 # machine (H200, 16 cores, torch preinstalled as python3, no network).
 #
-#   scripts/gpu_check.sh            # run from the repository root
+#   scripts/gpu_check.sh                      # every test, then the quick benchmark
+#   scripts/gpu_check.sh tests/test_norms.py  # only these test files (pytest arguments)
+#
+# With a GPU the whole suite takes about 11 minutes; to stay within a shorter time limit
+# per command, run it as two commands on the same machine (the second build only checks
+# that nothing changed), e.g.
+#   BENCH_ARGS=none scripts/gpu_check.sh tests/test_norms.py tests/test_ops.py \
+#       tests/test_patch.py tests/test_python_calls.py tests/test_tuning.py     # ~8 min
+#   scripts/gpu_check.sh tests/test_benchmarks.py tests/test_channel_norm.py \
+#       tests/test_cpu_copies.py tests/test_cpu_math.py tests/test_docs.py \
+#       tests/test_func_transforms.py tests/test_generator.py \
+#       tests/test_generator_reductions.py tests/test_language_features.py \
+#       tests/test_nn.py                                                       # ~4 min
 #
 # Full logs and the benchmark reports go to "$OUT" when it is set, otherwise to a new
 # temporary directory. A summary (test result line, benchmark table) is printed last.
 # Exit status: non-zero when the build, the tests or the benchmark failed.
-# Environment: BENCH_ARGS (default --quick) are the benchmark's arguments.
+# Environment: BENCH_ARGS (default --quick) are the benchmark's arguments; "none" skips it.
 
 set -uo pipefail
 
@@ -71,16 +83,20 @@ if [ "$build_rc" -ne 0 ]; then
 fi
 
 # (c) tests --------------------------------------------------------------------------
-banner "tests (pytest -q tests)"
+banner "tests (pytest -q ${*:-tests})"
 # --durations: the slowest tests' times on the GPU go into tests.log, to keep a quick subset
 # of the GPU tests honest about what it leaves out.
-python3 -m pytest -q --durations=300 tests 2>&1 | tee "$LOGS/tests.log" | tail -n 40
+python3 -m pytest -q --durations=300 "${@:-tests}" 2>&1 | tee "$LOGS/tests.log" | tail -n 40
 tests_rc=${PIPESTATUS[0]}
 took tests
 [ "$tests_rc" -ne 0 ] && echo "!!!! TESTS FAILED (rc=$tests_rc); full log: $LOGS/tests.log"
 
 # (d) benchmark ----------------------------------------------------------------------
-banner "benchmark (--quick)"
+if [ "${BENCH_ARGS-}" = "none" ]; then
+    summary
+    exit $(( tests_rc != 0 ))
+fi
+banner "benchmark (${BENCH_ARGS---quick})"
 # stdout (the summary table) to a file, stderr (progress) on screen and into the log.
 # BENCH_ARGS replaces --quick, e.g. BENCH_ARGS="--quick --no-compile" to stay inside a short
 # time limit, or BENCH_ARGS="" for the full sweep.
