@@ -32,6 +32,11 @@ def _function(s: OpSchedule) -> list[str]:
     saved_values = s.saved
     kept = s.kept_for_backward
     keeps_outputs = any(kind == "output" for kind, _ in kept)
+    # How a double backward gets its gradients where autograd keeps outputs in place of
+    # inputs: from the op's math rewritten on the kept outputs (add_layernorm's hidden), or
+    # else, where the backward reads only kept tensors, from the backward's math (softmax's y).
+    from_kept = kept_output_math(s)
+    backward_in_aten = from_kept is None and reads_only_kept_tensors(s)
 
     def kept_in_forward(kind: str, k: int) -> str:
         if kind == "input":
@@ -67,8 +72,8 @@ def _function(s: OpSchedule) -> list[str]:
              "  return op;",
              "}", "",
              *emit_math_in_aten(s),
-             *(emit_math_from_kept(s, kept_output_math(s)) if kept_output_math(s) else []),
-             *(emit_backward_math_in_aten(s) if reads_only_kept_tensors(s) else []),
+             *(emit_math_from_kept(s, from_kept) if from_kept else []),
+             *(emit_backward_math_in_aten(s) if backward_in_aten else []),
              "class Function : public torch::autograd::Function<Function> {",
              " public:",
              f"  static torch::autograd::variable_list forward({forward_params}) {{",
@@ -86,8 +91,6 @@ def _function(s: OpSchedule) -> list[str]:
              for j, (kind, k) in enumerate(kept)]
     saved_attrs = [f'ctx->saved_data["{a.name}"].{_SAVED_READ[a.type]}' for a in attrs]
     call += saved_attrs
-    from_kept = kept_output_math(s)
-    backward_in_aten = from_kept is None and reads_only_kept_tensors(s)
     twice_differentiable = (from_kept is not None or backward_in_aten
                             or all(("input", k) in kept for k in range(len(inputs))))
     if backward_in_aten:
