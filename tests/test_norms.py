@@ -121,38 +121,45 @@ class Op:
         return self.name
 
 
-def stored(h, dtype):
-    """The float64 `h` as an output of `dtype` holds it (rounded), the gradient passing
-    through: the add ops normalize the hidden they return, as torch's
-    layer_norm(x + residual) normalizes the rounded sum."""
-    return h + (h.to(dtype).double() - h).detach()
+def stored(h, dtype, held=None):
+    """The float64 `h` as an output of `dtype` holds it, the gradient passing through:
+    `held`, the output the op returned, where the test has it (a gradient check: the
+    backward reads that tensor), else `h` rounded. The add ops normalize the hidden they
+    return, as torch's layer_norm(x + residual) normalizes the rounded sum."""
+    value = h.to(dtype) if held is None else held
+    return h + (value.double() - h).detach()
 
 
-def softmax_reading_stored(x, dtype):
-    """float64 softmax whose gradient is taken at y as `dtype` holds it (y_r, rounded):
+def softmax_reading_stored(x, dtype, held=None):
+    """float64 softmax whose gradient is taken at y as the caller holds it (y_r: `held`,
+    the y the op returned, where the test has it, else y rounded to `dtype`):
     y_r * (g - sum(g * y_r)), the backward of the op and of torch, which read the output
-    the caller has. Its value is softmax(x); the gradient comes from a linear function
-    whose Jacobian is the softmax Jacobian at y_r (symmetric), added as zero."""
+    the caller has. (A y the kernel computed in fp32 may round to the neighbour of the
+    rounded float64 y; the gradient at that y is what the backward owes.) Its value is
+    softmax(x); the gradient comes from a linear function whose Jacobian is the softmax
+    Jacobian at y_r (symmetric), added as zero."""
     y = torch.softmax(x, -1).detach()
-    y_r = y.to(dtype).double()
+    y_r = (y.to(dtype) if held is None else held).double()
     linear = y_r * (x - (x * y_r).sum(-1, keepdim=True))
     return y + (linear - linear.detach())
 
 
-# reference(dtype, *tensors64): the float64 outputs; `dtype` is the test's.
+# reference(dtype, *tensors64, held=None): the float64 outputs; `dtype` is the test's;
+# `held` (an op with backward_reads): the outputs the op returned, whose values the
+# backward reads, for the gradient to be taken at.
 OPS = {
     "layernorm": Op("layernorm", ("x",), ("weight", "bias"), lambda dt, x, w, b: (_ln(x, w, b),), "layernorm"),
     "rmsnorm": Op("rmsnorm", ("x",), ("weight",), lambda dt, x, w: (_rms(x, w),), "rmsnorm"),
-    "softmax": Op("softmax", ("x",), (), lambda dt, x: (softmax_reading_stored(x, dt),), "softmax",
+    "softmax": Op("softmax", ("x",), (), lambda dt, x, held=(None,): (softmax_reading_stored(x, dt, held[0]),), "softmax",
                   backward_reads=("y",)),
     "log_softmax": Op("log_softmax", ("x",), (), lambda dt, x: (torch.log_softmax(x, -1),), "log_softmax"),
     "swish_layernorm": Op("swish_layernorm", ("x",), ("weight", "bias"),
                           lambda dt, x, w, b: (_ln(F.silu(x), w, b),), "layernorm"),
     "add_layernorm": Op("add_layernorm", ("x", "residual"), ("weight", "bias"),
-                        lambda dt, x, r, w, b: (x + r, _ln(stored(x + r, dt), w, b)), "layernorm",
+                        lambda dt, x, r, w, b, held=(None, None): (x + r, _ln(stored(x + r, dt, held[0]), w, b)), "layernorm",
                         backward_reads=("hidden",)),
     "add_rmsnorm": Op("add_rmsnorm", ("x", "residual"), ("weight",),
-                      lambda dt, x, r, w: (x + r, _rms(stored(x + r, dt), w)), "rmsnorm",
+                      lambda dt, x, r, w, held=(None, None): (x + r, _rms(stored(x + r, dt, held[0]), w)), "rmsnorm",
                       backward_reads=("hidden",)),
 }
 ALL = list(OPS)
@@ -275,7 +282,8 @@ def check_gradients(op, tensors, dtype, call):
     actual = torch.autograd.grad(outputs, present, grads)
 
     leaves64 = upcast(tensors, requires_grad=True)
-    outputs64 = op.reference(dtype, *leaves64)
+    held = {"held": [o.detach() for o in outputs]} if op.backward_reads else {}
+    outputs64 = op.reference(dtype, *leaves64, **held)
     grads64 = [g.double() for g in grads]
     present64 = [t for t in leaves64 if t is not None]
     expected = torch.autograd.grad(outputs64, present64, grads64, allow_unused=True)
