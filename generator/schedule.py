@@ -17,7 +17,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from .autodiff import grad_name, lower_backward, saved_element_outputs, saved_row_values, tensors_read
+from .autodiff import (element_inputs_read, grad_name, lower_backward, saved_element_outputs, saved_row_values,
+                       tensors_read)
 from .errors import SpecError
 from .ir import Graph, is_channel_op, lower_forward, named_dims, shape_domain
 from .model import ELLIPSIS, OpSpec
@@ -291,12 +292,7 @@ def _schedule_rows(spec: OpSpec, namespace: str, variants) -> OpSchedule:
                                          "varies along the reduced dimension; reduce it or give it that dimension")
     backward_graphs = tuple((s, lower_backward(spec, s.as_dict)) for s in variants)
     forward_graphs, backward_graphs, saved = _save_row_values(forward_graphs, backward_graphs)
-    backward_graphs, read_outputs = _read_saved_outputs(forward_graphs, backward_graphs)
-    read = set().union(*(tensors_read(g) for _, g in backward_graphs))
-    # The outputs the backward reads: those above and the per-element ones a gradient
-    # formula of the spec names (softmax's y; a saved per-row value may share an output's name).
-    named = set().union(*(tensors_read(g, "elem") for _, g in backward_graphs))
-    read_outputs = tuple(o.name for o in spec.outputs if o.name in read_outputs or o.name in named)
+    backward_graphs, read_outputs = _read_outputs(spec, forward_graphs, backward_graphs)
     scalars = tuple((a.name, CPP_SCALAR_TYPES[a.type]) for a in spec.attrs if a.type != "str")
     inputs = tuple(KernelInput(i.name, i.optional, i.default, kernel_domain(spec, i.shape)) for i in spec.inputs)
     outputs = tuple(KernelOutput(o.name, kernel_domain(spec, o.shape)) for o in spec.outputs)
@@ -311,20 +307,27 @@ def _schedule_rows(spec: OpSpec, namespace: str, variants) -> OpSchedule:
     # The saved values and outputs come before the inputs, whose optional ones (with their
     # defaults) end the list. A required input that no backward reads is left out (x and
     # residual of add_rmsnorm, whose backward reads hidden), so that autograd need not keep it.
+    read = set().union(*(tensors_read(g) for _, g in backward_graphs))
     backward_inputs = tuple(i for i in inputs if i.optional or i.name in read)
     backward = RowKernel(spec, "backward", grad_inputs + saved_inputs + output_inputs + backward_inputs, grad_outputs,
                          scalars, backward_graphs, namespace, gradient_outputs)
     return OpSchedule(spec, "row", variants, forward, backward)
 
 
-def _read_saved_outputs(forward_graphs, backward_graphs):
-    """The backward graphs after saved_element_outputs, and the forward outputs they read.
-    As for the saved values, every specialization must take the same outputs (else none)."""
+def _read_outputs(spec: OpSpec, forward_graphs, backward_graphs):
+    """The backward graphs after saved_element_outputs, and the outputs they read, in the
+    spec's order: those saved_element_outputs takes in place of inputs (as for the saved
+    values, every specialization must take the same, else none) and the per-element ones
+    a gradient formula of the spec names (softmax's y; per element, since a saved per-row
+    value may share an output's name)."""
     pairs = [saved_element_outputs(f, b) for (_, f), (_, b) in zip(forward_graphs, backward_graphs)]
     names = {taken for _, taken in pairs}
-    if len(names) != 1:
-        return backward_graphs, ()
-    return tuple((s, b) for (s, _), (b, _) in zip(backward_graphs, pairs)), names.pop()
+    taken = set()
+    if len(names) == 1:
+        backward_graphs = tuple((s, b) for (s, _), (b, _) in zip(backward_graphs, pairs))
+        taken = set(names.pop())
+    named = set().union(*(element_inputs_read(b) for _, b in backward_graphs))
+    return backward_graphs, tuple(o.name for o in spec.outputs if o.name in taken or o.name in named)
 
 
 def _shared_gradients(inputs: tuple[KernelInput, ...], backward_graphs) -> list[int]:
