@@ -51,6 +51,13 @@ version without per-column sums (the table's choice) with full and with small bl
 (avo_ops._C.set_cluster_blocks; cluster_block_threads in csrc/include/avo/row_cuda.cuh)
 and compares small against full, at the lengths where the two differ
 (avo_ops._C.last_cluster_block_threads).
+A tenth, one_kernel_min_vectors, times each backward with per-column sums in the tiled
+version (forced) run as two kernels and as one (avo_ops._C.set_tiled_kernels;
+one_kernel_tiled_rows_kernel in csrc/include/avo/row_cuda.cuh) and compares one against
+two, at the lengths where both ran (avo_ops._C.last_tiled_kernels: the one kernel runs
+only where all its blocks fit on the GPU at once). The tiled line's own times take the
+tiled version as the file's one line has it: after a change of the one line, a second
+run of the tiled line (--tables tiled) measures the version the build now runs.
 Forwards are not timed tiled: the tiled version takes only backwards with per-column
 sums. A run that took another version (a backward of two per-element inputs of four
 vectors a thread cannot pipeline) is dropped because, kept, it would time the table's
@@ -113,7 +120,8 @@ TABLE_VERSIONS = {"staged_min_vectors": ("register", "pipelined", "wide", "narro
                   "wide_min_vectors": ("register", "pipelined", "wide"),
                   "coarse_chunks_min_vectors": ("fine_chunks", "coarse_chunks"),
                   "narrow_max_vectors": ("register", "pipelined", "wide", "narrow"),
-                  "small_cluster_blocks_min_vectors": ("full_cluster_blocks", "small_cluster_blocks")}
+                  "small_cluster_blocks_min_vectors": ("full_cluster_blocks", "small_cluster_blocks"),
+                  "one_kernel_min_vectors": ("two_tiled_kernels", "one_tiled_kernels")}
 # A table's name on the command line: "staged" for staged_min_vectors, "narrow" for
 # narrow_max_vectors.
 TABLE_NAMES = {t.removesuffix("_min_vectors").removesuffix("_max_vectors"): t for t in TABLE_VERSIONS}
@@ -123,8 +131,11 @@ CHUNK_SIZES = ("fine", "coarse")
 # The table of the cluster version's blocks, and its two timings (named like versions).
 CLUSTER_BLOCKS_TABLE = "small_cluster_blocks_min_vectors"
 CLUSTER_BLOCKS = ("full", "small")
+# The table of the tiled version's kernels, and its two timings (named like versions).
+TILED_KERNELS_TABLE = "one_kernel_min_vectors"
+TILED_KERNELS = ("two", "one")
 # The versions a direction is not timed on: forwards never tile and have no chunks.
-UNTIMED = {"fwd": ("tiled", "fine_chunks", "coarse_chunks"), "bwd": ()}
+UNTIMED = {"fwd": ("tiled", "fine_chunks", "coarse_chunks", "two_tiled_kernels", "one_tiled_kernels"), "bwd": ()}
 # The tables compared on rows of up to STAGED_MAX_LENGTH only: beyond, only the last
 # version of the table (or none of them) fits.
 SHORT_ROW_TABLES = ("staged_min_vectors", "pipelined_min_vectors", "cluster_min_vectors", "wide_min_vectors",
@@ -182,6 +193,20 @@ def time_cluster_blocks(avo_ops, case, shape, dtype, timer: bench_ops.Timer) -> 
 
     return time_choices(case, shape, dtype, timer, avo_ops._C.set_cluster_blocks, CLUSTER_BLOCKS,
                         "cluster_blocks", block_threads)
+
+
+def time_tiled_kernels(avo_ops, case, shape, dtype, timer: bench_ops.Timer) -> dict[str, float]:
+    """{"two_tiled_kernels": us, "one_tiled_kernels": us} of a backward with per-column
+    sums forced onto the tiled version (time_choices)."""
+    def kernels():
+        return avo_ops._C.last_tiled_kernels() if avo_ops._C.last_row_version() == "tiled" else ""
+
+    avo_ops._C.set_row_version("tiled")
+    try:
+        return time_choices(case, shape, dtype, timer, avo_ops._C.set_tiled_kernels, TILED_KERNELS, "tiled_kernels",
+                            kernels)
+    finally:
+        avo_ops._C.set_row_version("auto")
 
 
 def threshold(points: list[tuple[int, float, float]], margin: float, tolerance: float) -> int | None:
@@ -362,20 +387,25 @@ def main(argv=None) -> int:
             chunk_times = time_chunk_sizes(avo_ops, case, shape, dtype, timer) if chunked else {}
             clustered = CLUSTER_BLOCKS_TABLE in table_names
             block_times = time_cluster_blocks(avo_ops, case, shape, dtype, timer) if clustered else {}
+            tiled = TILED_KERNELS_TABLE in table_names and direction == "bwd"
+            tiled_times = time_tiled_kernels(avo_ops, case, shape, dtype, timer) if tiled else {}
             timed = [v for v in tried if times[v] is not None]
             vectors = n * dtype.itemsize // 16
             measurements.append({"op": op, "kernel": ROLES[direction], "dtype": dtype_name, "row_length": n,
                                  "vectors": vectors, "shape": list(shape),
                                  **{f"{v}_us": round(times[v], 2) for v in timed},
                                  **{f"{k}_us": round(t, 2) for k, t in chunk_times.items()},
-                                 **{f"{k}_us": round(t, 2) for k, t in block_times.items()}})
+                                 **{f"{k}_us": round(t, 2) for k, t in block_times.items()},
+                                 **{f"{k}_us": round(t, 2) for k, t in tiled_times.items()}})
             chunk_note = ([f"{k} {t:.1f} us" for k, t in chunk_times.items()] or ["chunks the same either way"]
                           if chunked else [])
             block_note = ([f"{k} {t:.1f} us" for k, t in block_times.items()] or ["cluster blocks the same either way"]
                           if clustered else [])
+            tiled_note = ([f"{k} {t:.1f} us" for k, t in tiled_times.items()] or ["the tiled version in two kernels only"]
+                          if tiled else [])
             print(f"[{i}/{len(plan)}] {op}.{direction} {dtype_name} N={n}: "
                   + ", ".join([f"{v} {times[v]:.1f} us" if times[v] is not None else f"{v} cannot take it"
-                               for v in tried] + chunk_note + block_note), file=sys.stderr, flush=True)
+                               for v in tried] + chunk_note + block_note + tiled_note), file=sys.stderr, flush=True)
     found = {group: thresholds(points, table_names, args.margin, args.tolerance,
                                None if args.fresh else previous_lines(previous, group, table_names))
              for group, points in by_group(measurements).items()}

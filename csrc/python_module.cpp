@@ -1,8 +1,9 @@
 // The Python module `avo_ops._C`. Importing it runs the static TORCH_LIBRARY
 // registrations of the linked op sources; it exposes built_with_cuda(), cpu_threads(),
 // set_row_version(), last_row_version(), set_chunk_size(), last_rows_per_chunk(),
-// set_cluster_blocks(), last_cluster_block_threads(), cpu_copies(), set_cpu_copy(),
-// cpu_copy() and last_cpu_copy() (for tests and benchmarks), and the ops' entry points
+// set_cluster_blocks(), last_cluster_block_threads(), set_tiled_kernels(),
+// last_tiled_kernels(), cpu_copies(), set_cpu_copy(), cpu_copy() and last_cpu_copy() (for
+// tests and benchmarks), and the ops' entry points
 // for the functional API (generated/python_calls.cpp).
 #include <Python.h>
 
@@ -90,13 +91,17 @@ PyObject* set_row_version(PyObject*, PyObject* arg) {
   return set_named("set_row_version", "version", arg, kVersions, avo::forced<avo::RowVersion>());
 }
 
-// last_row_version(): the name of the version the last CUDA row-op call took ("auto"
-// before any).
-PyObject* last_row_version(PyObject*, PyObject*) {
-  for (const auto& v : kVersions)
-    if (v.value == avo::last_row_version()) return PyUnicode_FromString(v.name);
+// The name `choices` give `value`, as a Python string ("auto" where none does).
+template <typename T, size_t N>
+PyObject* name_of(const Named<T> (&choices)[N], T value) {
+  for (const auto& c : choices)
+    if (c.value == value) return PyUnicode_FromString(c.name);
   return PyUnicode_FromString("auto");
 }
+
+// last_row_version(): the name of the version the last CUDA row-op call took ("auto"
+// before any).
+PyObject* last_row_version(PyObject*, PyObject*) { return name_of(kVersions, avo::last_row_version()); }
 
 // set_chunk_size(name): "auto", "fine" or "coarse" (avo::ChunkSize).
 PyObject* set_chunk_size(PyObject*, PyObject* arg) {
@@ -119,6 +124,18 @@ PyObject* set_cluster_blocks(PyObject*, PyObject* arg) {
 // last_cluster_block_threads(): the threads of a block of the last CUDA row-op call that
 // took the cluster version (0 before any).
 PyObject* last_cluster_block_threads(PyObject*, PyObject*) { return PyLong_FromLong(avo::last_cluster_block_threads()); }
+
+const Named<avo::TiledKernels> kTiledKernels[] = {
+    {"auto", avo::TiledKernels::kAuto}, {"two", avo::TiledKernels::kTwo}, {"one", avo::TiledKernels::kOne}};
+
+// set_tiled_kernels(name): "auto", "two" or "one" (avo::TiledKernels).
+PyObject* set_tiled_kernels(PyObject*, PyObject* arg) {
+  return set_named("set_tiled_kernels", "kernels", arg, kTiledKernels, avo::forced<avo::TiledKernels>());
+}
+
+// last_tiled_kernels(): "two" or "one", the kernels of the last CUDA row-op call that took
+// the tiled version ("auto" before any).
+PyObject* last_tiled_kernels(PyObject*, PyObject*) { return name_of(kTiledKernels, avo::last_tiled_kernels()); }
 
 const struct {
   const char* name;
@@ -195,6 +212,13 @@ PyMethodDef methods[] = {
     {"last_cluster_block_threads", last_cluster_block_threads, METH_NOARGS,
      "The threads of a block of the last CUDA row-op call that took the cluster version (0 before any). For tests "
      "and benchmarks."},
+    {"set_tiled_kernels", set_tiled_kernels, METH_O,
+     "Makes every CUDA row-op call that takes the tiled version run it as two kernels or as one ('two', 'one'; one "
+     "where all its blocks fit on the GPU at once), or as the dispatch table says ('auto'). For tests and "
+     "benchmarks."},
+    {"last_tiled_kernels", last_tiled_kernels, METH_NOARGS,
+     "The kernels of the last CUDA row-op call that took the tiled version ('two', 'one'; 'auto' before any). For "
+     "tests and benchmarks."},
     {"cpu_copies", cpu_copies, METH_NOARGS,
      "The copies of the CPU kernels this build has and this machine can run, best first ('avx512', 'avx2', "
      "'baseline'). For tests and benchmarks."},

@@ -147,7 +147,7 @@ RowCall<NumInputs, NumOutputs> prepare_rows(const char* op, const std::array<Row
     // follow them (avo/row_args.h).
     const int64_t partial_floats = column_sums * call.args.chunks * length;
     const int64_t tiles = call.device.is_cuda() ? avo::row_tiles(length, x.element_size()) : 0;
-    const int64_t tile_floats = tiles >= 2 ? rows * avo::kTiledMaxSums * tiles : 0;
+    const int64_t tile_floats = tiles >= 2 ? avo::tiled_scratch_floats(rows, tiles) : 0;
     call.partials = at::empty({partial_floats + tile_floats}, options.dtype(at::kFloat));
     call.args.partials = static_cast<float*>(call.partials.data_ptr());
     if (tile_floats > 0) call.args.tile_sums = call.args.partials + partial_floats;

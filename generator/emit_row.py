@@ -690,7 +690,9 @@ def _dispatch_table(s: OpSchedule, tunings: list[ArchTuning]) -> list[str]:
         "// backward with per-column sums takes coarse chunks of rows (avo::rows_per_chunk)",
         "// from the length of the \"coarse\" line on, and the cluster version without",
         "// per-column sums small blocks (avo::cluster_block_threads) from that of the",
-        "// \"small\" line on. Measured by benchmarks/tune_rows.py (tuning/sm_<arch>.json).",
+        "// \"small\" line on; the tiled version runs as one kernel from that of the \"one\"",
+        "// line on (where its blocks fit), else as two. Measured by benchmarks/tune_rows.py",
+        "// (tuning/sm_<arch>.json).",
         f"//   | {'kernel':8} | {'GPU':{width}} | {'line':9} | " + " | ".join(f"{d:>8}" for d in TUNING_DTYPES) + " |",
     ]
     for kernel, rows in kernels:

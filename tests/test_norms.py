@@ -785,8 +785,9 @@ VERSION_SHAPES = [(600, 8), (600, 1024), (600, 4096), (7, 16384), (3, 32768), (5
 
 @contextlib.contextmanager
 def forced(setter, name):
-    """A choice of the CUDA row kernels (avo_ops._C.set_row_version, set_chunk_size or
-    set_cluster_blocks) forced to `name` for the block, then given back to the table ('auto')."""
+    """A choice of the CUDA row kernels (avo_ops._C.set_row_version, set_chunk_size,
+    set_cluster_blocks or set_tiled_kernels) forced to `name` for the block, then given back
+    to the table ('auto')."""
     setter(name)
     try:
         yield
@@ -1078,6 +1079,18 @@ def test_set_cluster_blocks_sets_the_threads_of_a_cluster_rows_blocks():
     assert backward_threads["full"] == backward_threads["small"]
 
 
+def sm_90_line_reached(table, name, role, dtype, length):
+    """Whether rows of `length` elements reach the sm_90 table's line `table` for `name`'s
+    `role` kernel in `dtype` (tuning/sm_90.json, read as the generator reads it for the
+    build); skips the test on a GPU the line is not measured for."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip(f"the {table} line is measured for sm_90")
+    sm_90 = next(t for t in load_tunings(str(ROOT)) if t.arch == 90)
+    dtype_name = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype]
+    line = sm_90.threshold(table, name, role, dtype_name)
+    return line is not None and length * dtype.itemsize // 16 >= line
+
+
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_a_cluster_rmsnorm_forward_of_65536_takes_the_blocks_of_the_tables_small_line(dtype):
@@ -1085,13 +1098,7 @@ def test_a_cluster_rmsnorm_forward_of_65536_takes_the_blocks_of_the_tables_small
     generator reads it for the build), not forced: rows of 65536 elements in the cluster
     version take small blocks (256 threads: 8 a cluster in bf16, 16 in fp32) where the line
     is at or below their length, full ones (1024) otherwise; both match float64."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the small line is measured for sm_90")
-    sm_90 = next(t for t in load_tunings(str(ROOT)) if t.arch == 90)
-    dtype_name = {torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype]
-    line = sm_90.threshold("small_cluster_blocks_min_vectors", "rmsnorm", "forward", dtype_name)
-    vectors = 65536 * dtype.itemsize // 16
-    small = line is not None and vectors >= line
+    small = sm_90_line_reached("small_cluster_blocks_min_vectors", "rmsnorm", "forward", dtype, 65536)
     op = OPS["rmsnorm"]
     tensors = make_inputs(op, (3, 65536), dtype, "cuda")
     with forced(avo_ops._C.set_row_version, "cluster"):
@@ -1101,18 +1108,88 @@ def test_a_cluster_rmsnorm_forward_of_65536_takes_the_blocks_of_the_tables_small
     assert threads == (256 if small else 1024)
 
 
+# The tiled version in its two forms (avo_ops._C.set_tiled_kernels): two kernels, the
+# second reading the row again, or one kernel whose blocks all run at once, a tile of a
+# chunk of rows each, waiting for the other tiles' parts of each row's reduction. Rows of
+# 2 to 128 tiles; chunks of one row (3x32768), of a few (7x16384: 64 chunks in 16 bits),
+# of rows not a multiple of the three row buffers (301x8192, 40x12296 ending in a part
+# tile), and of many (600x8192 in fp32: 75 rows a chunk).
+TILED_SHAPES = [(7, 16384), (3, 32768), (5, 65536), (40, 12296), (301, 8192), (600, 8192), (2, 262144)]
+# The ops whose backward can take the tiled version: per-column parameter gradients
+# (channel_norm's are per channel).
+TILED = [name for name in NORMS if name != "channel_norm"]
+
+
+@needs_cuda
+@pytest.mark.parametrize("tiled_kernels", ["two", "one"])
+@pytest.mark.parametrize("shape", TILED_SHAPES, ids=str)
+@pytest.mark.parametrize("name", TILED)
+def test_tiled_kernel_version_in_one_and_in_two_kernels_matches_float64(name, shape, tiled_kernels, dtype):
+    op = OPS[name]
+    tensors = make_inputs(op, shape, dtype, "cuda")
+    with forced(avo_ops._C.set_row_version, "tiled"), forced(avo_ops._C.set_tiled_kernels, tiled_kernels):
+        check_gradients(op, tensors, dtype, op.op)
+        assert avo_ops._C.last_row_version() == "tiled"
+        assert avo_ops._C.last_tiled_kernels() == tiled_kernels
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", TILED)
+def test_the_tiled_version_in_one_kernel_gives_the_same_bits_on_every_call(name, dtype):
+    """The blocks of the one kernel wait for each other in whatever order they run; the
+    order of every sum is fixed all the same: two calls give the same gradients, bit for
+    bit."""
+    op = OPS[name]
+    tensors = make_inputs(op, (257, 16384), dtype, "cuda")
+    leaves = [None if t is None else t.detach().clone().requires_grad_(True) for t in tensors]
+    outputs = _tuple(op.op(*leaves))
+    grads = [randn(o.shape, dtype, "cuda") for o in outputs]
+    present = [t for t in leaves if t is not None]
+    with forced(avo_ops._C.set_row_version, "tiled"), forced(avo_ops._C.set_tiled_kernels, "one"):
+        first = torch.autograd.grad(outputs, present, grads, retain_graph=True)
+        assert avo_ops._C.last_tiled_kernels() == "one"
+        second = torch.autograd.grad(outputs, present, grads)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_a_tiled_layernorm_backward_of_65536_takes_the_kernels_of_the_tables_one_line(dtype):
+    """The sm_90 table's one line for layernorm's backward (tuning/sm_90.json, read as the
+    generator reads it for the build), not forced: rows of 65536 elements in the tiled
+    version run as one kernel where the line is at or below their length and its 256
+    blocks fit on the GPU at once (two a multiprocessor), as two otherwise; both match
+    float64."""
+    one = sm_90_line_reached("one_kernel_min_vectors", "layernorm", "backward", dtype, 65536)
+    fits = 2 * torch.cuda.get_device_properties(0).multi_processor_count >= 256
+    op = OPS["layernorm"]
+    tensors = make_inputs(op, (64, 65536), dtype, "cuda")
+    with forced(avo_ops._C.set_row_version, "tiled"):
+        check_gradients(op, tensors, dtype, op.op)
+        assert avo_ops._C.last_row_version() == "tiled"
+        kernels = avo_ops._C.last_tiled_kernels()
+    assert kernels == ("one" if one and fits else "two")
+
+
+def test_set_tiled_kernels_rejects_unknown_names():
+    with pytest.raises(ValueError, match="set_tiled_kernels: unknown kernels 'three'"):
+        avo_ops._C.set_tiled_kernels("three")
+
+
 def test_set_cluster_blocks_rejects_unknown_names():
     with pytest.raises(ValueError, match="set_cluster_blocks: unknown blocks 'tiny'"):
         avo_ops._C.set_cluster_blocks("tiny")
 
 
 def test_the_row_kernel_setters_take_each_of_their_names():
-    """set_row_version, set_chunk_size and set_cluster_blocks accept every name they list;
-    each is set back by 'auto'."""
+    """set_row_version, set_chunk_size, set_cluster_blocks and set_tiled_kernels accept
+    every name they list; each is set back by 'auto'."""
     setters = {avo_ops._C.set_row_version: ["register", "pipelined", "wide", "narrow", "staged", "cluster", "global",
                                             "tiled"],
                avo_ops._C.set_chunk_size: ["fine", "coarse"],
-               avo_ops._C.set_cluster_blocks: ["full", "small"]}
+               avo_ops._C.set_cluster_blocks: ["full", "small"],
+               avo_ops._C.set_tiled_kernels: ["two", "one"]}
     for setter, names in setters.items():
         try:
             for name in names:

@@ -48,9 +48,10 @@ def test_without_tuning_files_every_gpu_gets_the_default(tmp_path):
     assert "//   | backward | any other GPU | coarse    |    never |    never |    never |" in cu
     assert "//   | forward  | any other GPU | narrow    |    never |    never |    never |" in cu
     assert "//   | forward  | any other GPU | small     |    never |    never |    never |" in cu
+    assert "//   | backward | any other GPU | one       |    never |    never |    never |" in cu
     # the narrow line gives rows up to a length: never is 0 vectors there
     never_up_to = "{avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}"
-    assert f"{{0, {never}, {never}, {never}, {never}, {never}, {never}, {never}, {never_up_to}, {never}}}," in cu
+    assert f"{{0, {never}, {never}, {never}, {never}, {never}, {never}, {never}, {never_up_to}, {never}, {never}}}," in cu
     assert "(args, ForwardMath{}, kForwardTuning, stream)" in cu and "kBackwardTuning, stream)" in cu
 
 
@@ -65,7 +66,8 @@ def test_a_tuning_file_sets_the_thresholds_of_its_arch(tmp_path):
               "wide_min_vectors": {"softmax": {"forward": {"float32": 2048}}},
               "coarse_chunks_min_vectors": {"softmax": {"backward": {"float16": 2048}}},
               "narrow_max_vectors": {"softmax": {"forward": {"float16": 64, "bfloat16": 32}}},
-              "small_cluster_blocks_min_vectors": {"softmax": {"forward": {"bfloat16": 8192}}}}
+              "small_cluster_blocks_min_vectors": {"softmax": {"forward": {"bfloat16": 8192}}},
+              "one_kernel_min_vectors": {"softmax": {"backward": {"float32": 4096}}}}
     cu = _softmax_cu(_tree(tmp_path, tuning))
     assert "//   | forward  | sm_90 (NVIDIA H200) | staged    |      512 |    never |     2048 |" in cu
     assert "//   | forward  | sm_90 (NVIDIA H200) | global    |    never |    never |     4096 |" in cu
@@ -83,23 +85,24 @@ def test_a_tuning_file_sets_the_thresholds_of_its_arch(tmp_path):
     assert "//   | backward | sm_90 (NVIDIA H200) | narrow    |    never |    never |    never |" in cu
     assert "//   | forward  | sm_90 (NVIDIA H200) | small     |    never |     8192 |    never |" in cu
     assert "//   | backward | sm_90 (NVIDIA H200) | small     |    never |    never |    never |" in cu
+    assert "//   | backward | sm_90 (NVIDIA H200) | one       |    never |    never |     4096 |" in cu
     forward = cu[cu.index("kForwardTuning[] = {"):]
     never = "{avo::kNever, avo::kNever, avo::kNever}"
     never_up_to = "{avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}"
     assert forward.splitlines()[1].strip() == (
         "{90, {512, avo::kNever, 2048}, {avo::kNever, avo::kNever, 4096}, {avo::kNever, 256, avo::kNever}, "
         f"{never}, {never}, " + "{avo::kNever, avo::kNever, 2048}, " + f"{never}, " + "{64, 32, avo::kNeverUpTo}, "
-        "{avo::kNever, 8192, avo::kNever}},")
+        "{avo::kNever, 8192, avo::kNever}, " + f"{never}}},")
     assert forward.splitlines()[2].strip() == (
-        f"{{0, {never}, {never}, {never}, {never}, {never}, {never}, {never}, {never_up_to}, {never}}},")
+        f"{{0, {never}, {never}, {never}, {never}, {never}, {never}, {never}, {never_up_to}, {never}, {never}}},")
     backward = cu[cu.index("kBackwardTuning[] = {"):]
     assert backward.splitlines()[1].strip() == (
         "{90, {avo::kNever, avo::kNever, 1024}, " + f"{never}, {never}, " + "{2048, avo::kNever, avo::kNever}, "
         "{avo::kNever, 1024, avo::kNever}, " + f"{never}, " + "{2048, avo::kNever, avo::kNever}, "
-        f"{never_up_to}, {never}}},")
+        f"{never_up_to}, {never}, " + "{avo::kNever, avo::kNever, 4096}},")
 
 
-def test_a_tuning_file_without_global_pipelined_tiled_cluster_wide_coarse_narrow_or_small_tables_never_picks_them(tmp_path):
+def test_a_tuning_file_without_global_pipelined_tiled_cluster_wide_coarse_narrow_small_or_one_tables_never_picks_them(tmp_path):
     tuning = {"arch": 90, "gpu": "NVIDIA H200", "staged_min_vectors": {"softmax": {"forward": {"float16": 512}}}}
     cu = _softmax_cu(_tree(tmp_path, tuning))
     assert "//   | forward  | sm_90 (NVIDIA H200) | global    |    never |    never |    never |" in cu
@@ -110,7 +113,9 @@ def test_a_tuning_file_without_global_pipelined_tiled_cluster_wide_coarse_narrow
     assert "//   | backward | sm_90 (NVIDIA H200) | coarse    |    never |    never |    never |" in cu
     assert "//   | forward  | sm_90 (NVIDIA H200) | narrow    |    never |    never |    never |" in cu
     assert "//   | forward  | sm_90 (NVIDIA H200) | small     |    never |    never |    never |" in cu
-    assert "{avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}}," in cu
+    assert "//   | backward | sm_90 (NVIDIA H200) | one       |    never |    never |    never |" in cu
+    assert ("{avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, "
+            "{avo::kNever, avo::kNever, avo::kNever}},") in cu
 
 
 @pytest.mark.parametrize("content, name, phrase", [
@@ -276,6 +281,44 @@ def test_coarse_chunks_threshold_is_against_fine_chunks_where_they_differ():
     # slower with coarse chunks (fp32 on the H200): never
     points[2] = m(16384, 238, 258)
     assert thresholds(points, ["coarse_chunks_min_vectors"], 0.01, 0.03) == {"coarse_chunks_min_vectors": None}
+
+
+def test_one_kernel_threshold_is_against_the_tiled_version_in_two_kernels_where_both_ran():
+    from tune_rows import thresholds
+
+    def m(n, two, one):
+        times = {"two_tiled_kernels_us": two, "one_tiled_kernels_us": one}
+        return {"kernel": "backward", "row_length": n, "vectors": n // 8,
+                **{k: v for k, v in times.items() if v is not None}}
+
+    # layernorm's bf16 backward on an H100: level at 8192 (no line there), ahead by
+    # 9-36% from 16384 on; a row where only two kernels ran (time_choices kept none) is no point
+    points = [m(8192, 254.0, 253.5), m(16384, 270.3, 247.8), m(65536, 278.4, 251.9), m(131072, None, None),
+              m(262144, 307.1, 226.1)]
+    assert thresholds(points, ["one_kernel_min_vectors"], 0.01, 0.03) == {"one_kernel_min_vectors": 2048}
+    # slower in one kernel by more than the tolerance at the longest row: never
+    points[-1] = m(262144, 344.4, 525.6)
+    assert thresholds(points, ["one_kernel_min_vectors"], 0.01, 0.03) == {"one_kernel_min_vectors": None}
+
+
+def test_time_tiled_kernels_forces_the_tiled_version_and_gives_it_back(monkeypatch):
+    import bench_ops
+    import tune_rows
+
+    monkeypatch.setattr(bench_ops, "input_sets", lambda case, shape, dtype: [(1,)])
+    state = {"version": "auto", "kernels": "auto", "choice": "auto", "during": []}
+    c = types.SimpleNamespace(
+        set_row_version=lambda v: state.update(version=v),
+        set_tiled_kernels=lambda k: state.update(kernels=k, choice=k),
+        last_row_version=lambda: state["version"],
+        last_tiled_kernels=lambda: state["kernels"])
+    avo_ops = types.SimpleNamespace(_C=c)
+    case = types.SimpleNamespace(avo=lambda x: state["during"].append((state["version"], state["kernels"])))
+    timer = _StubTimer({"two": [3.0], "one": [2.0]}, state)
+    times = tune_rows.time_tiled_kernels(avo_ops, case, (4, 8), None, timer)
+    assert times == {"two_tiled_kernels": 3.0, "one_tiled_kernels": 2.0}
+    assert state["during"] == [("tiled", "two"), ("tiled", "one")]
+    assert state["version"] == "auto" and state["kernels"] == "auto"
 
 
 def test_small_cluster_blocks_threshold_is_against_full_blocks_where_they_differ():

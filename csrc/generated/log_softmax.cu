@@ -21,7 +21,9 @@ namespace avo::ops::log_softmax {
 // backward with per-column sums takes coarse chunks of rows (avo::rows_per_chunk)
 // from the length of the "coarse" line on, and the cluster version without
 // per-column sums small blocks (avo::cluster_block_threads) from that of the
-// "small" line on. Measured by benchmarks/tune_rows.py (tuning/sm_<arch>.json).
+// "small" line on; the tiled version runs as one kernel from that of the "one"
+// line on (where its blocks fit), else as two. Measured by benchmarks/tune_rows.py
+// (tuning/sm_<arch>.json).
 //   | kernel   | GPU                 | line      |  float16 | bfloat16 |  float32 |
 //   | forward  | sm_90 (NVIDIA H200) | staged    |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200) | global    |    never |    never |    never |
@@ -32,6 +34,7 @@ namespace avo::ops::log_softmax {
 //   | forward  | sm_90 (NVIDIA H200) | coarse    |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200) | narrow    |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200) | small     |     8192 |     8192 |    never |
+//   | forward  | sm_90 (NVIDIA H200) | one       |    never |    never |    never |
 //   | forward  | any other GPU       | staged    |    never |    never |    never |
 //   | forward  | any other GPU       | global    |    never |    never |    never |
 //   | forward  | any other GPU       | pipelined |    never |    never |    never |
@@ -41,6 +44,7 @@ namespace avo::ops::log_softmax {
 //   | forward  | any other GPU       | coarse    |    never |    never |    never |
 //   | forward  | any other GPU       | narrow    |    never |    never |    never |
 //   | forward  | any other GPU       | small     |    never |    never |    never |
+//   | forward  | any other GPU       | one       |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | staged    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | global    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | pipelined |    never |    never |    never |
@@ -50,6 +54,7 @@ namespace avo::ops::log_softmax {
 //   | backward | sm_90 (NVIDIA H200) | coarse    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | narrow    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200) | small     |     8192 |     8192 |    16384 |
+//   | backward | sm_90 (NVIDIA H200) | one       |    never |    never |    never |
 //   | backward | any other GPU       | staged    |    never |    never |    never |
 //   | backward | any other GPU       | global    |    never |    never |    never |
 //   | backward | any other GPU       | pipelined |    never |    never |    never |
@@ -59,13 +64,14 @@ namespace avo::ops::log_softmax {
 //   | backward | any other GPU       | coarse    |    never |    never |    never |
 //   | backward | any other GPU       | narrow    |    never |    never |    never |
 //   | backward | any other GPU       | small     |    never |    never |    never |
+//   | backward | any other GPU       | one       |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 1024}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {8192, 8192, avo::kNever}},
-    {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 1024}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {8192, 8192, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
+    {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {8192, 8192, 16384}},
-    {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {8192, 8192, 16384}, {avo::kNever, avo::kNever, avo::kNever}},
+    {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 
 void forward_cuda(avo::DType dtype, const ForwardArgs& args, cudaStream_t stream) {

@@ -73,6 +73,27 @@ AVO_HOST_DEVICE int64_t tiled_rows_per_chunk(int64_t rows, int64_t tiles, int64_
   if (wanted > rows) wanted = rows;
   return wanted > 0 ? (rows + wanted - 1) / wanted : 1;
 }
+// The tiled version in one kernel runs its blocks all at once, a tile of a chunk each:
+// about kOneKernelTiledBlocks (two a multiprocessor of an H100 or H200), so chunks of
+// kOneKernelTiledBlocks / tiles rows or more. A fixed number, not the GPU's: the chunks
+// fix the order of the per-column sums.
+constexpr int64_t kOneKernelTiledBlocks = 256;
+AVO_HOST_DEVICE int64_t one_kernel_tiled_rows_per_chunk(int64_t rows, int64_t tiles, int64_t chunks) {
+  int64_t wanted = kOneKernelTiledBlocks / tiles;
+  if (wanted < 1) wanted = 1;
+  if (wanted > chunks) wanted = chunks;
+  if (wanted > rows) wanted = rows;
+  return wanted > 0 ? (rows + wanted - 1) / wanted : 1;
+}
+// The floats the tiled version takes after the partials, for its tile sums: in two
+// kernels [rows, kTiledMaxSums, tiles] floats, in one as many 64-bit words (a part and
+// the mark that it is written), which the launch clears.
+AVO_HOST_DEVICE int64_t tiled_scratch_floats(int64_t rows, int64_t tiles) {
+  return 2 * rows * kTiledMaxSums * tiles;
+}
+AVO_HOST_DEVICE int64_t tiled_one_kernel_part_bytes(int64_t rows, int64_t tiles) {
+  return rows * kTiledMaxSums * tiles * 8;
+}
 
 template <int NumInputs, int NumOutputs>
 struct RowArgs {

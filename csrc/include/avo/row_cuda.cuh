@@ -46,7 +46,10 @@
 //    per-column sums in registers for the whole chunk. The row is read twice, but the
 //    work splits over (tile, chunk) pairs instead of chunks alone, and the partials are
 //    few: with a chunk of rows per cluster or block, layernorm's backward at 1024x65536
-//    ran 64 workers at a time and reached a fifth of the copy bandwidth.
+//    ran 64 workers at a time and reached a fifth of the copy bandwidth. From a measured
+//    length on (where all its blocks fit on the GPU at once), one kernel does both, its
+//    blocks waiting for each other's parts a row behind, and reads the row once
+//    (one_kernel_tiled_rows_kernel).
 //
 // Reductions accumulate in fp32: warp shuffles, then shared memory across the warps of a
 // group, in an order fixed by the launch configuration (itself fixed by the shapes), so
@@ -1240,20 +1243,58 @@ struct GlobalRow : RowView<T, Args>, LoadedVectorPasses<GlobalRow<T, Args, Math,
   }
 };
 
+// A part of a row's reduction that one block writes and others wait for while the
+// kernel runs (the tiled version's one kernel): the float's bits and, above them, 1 for
+// written, in one 64-bit word, which a load sees whole (the words start at 0: the launch
+// clears them). Relaxed at GPU scope, without a fence: a release would wait for the
+// writer's loads of the rows ahead (MEMBAR), and the word carries its own mark. The
+// loads go to L2, past the multiprocessor's L1, which does not see other blocks' writes.
+struct TaggedPart {
+  static constexpr unsigned long long kWritten = 1ull << 32;
+  __device__ __forceinline__ static void write(unsigned long long* word, float value) {
+    const unsigned long long tagged = kWritten | __float_as_uint(value);
+    asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(word), "l"(tagged) : "memory");
+  }
+  __device__ __forceinline__ static unsigned long long load(const unsigned long long* word) {
+    unsigned long long tagged;
+    asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(tagged) : "l"(word) : "memory");
+    return tagged;
+  }
+  // The word, once written: `loaded` if it was, else loaded again until it is.
+  __device__ __forceinline__ static unsigned long long wait(const unsigned long long* word, unsigned long long loaded) {
+    while (!(loaded & kWritten)) {
+      __nanosleep(32);
+      loaded = load(word);
+    }
+    return loaded;
+  }
+  __device__ __forceinline__ static float value(unsigned long long tagged) { return __uint_as_float(unsigned(tagged)); }
+};
+
+// A thread's vectors of a tile of a row (TiledRow): of every per-element input.
+template <typename T, typename Args, int V>
+struct TileVectors {
+  Packed<T, V> v[Args::kInputs][kTileVectors];
+};
+
 // A tile of a row, for the tiled version of the backwards with per-column sums whose
 // math reduces the row in one pass (kCanTile): block b of a kernel takes tile
 // b % tiles, the vectors tile * kTileThreads * P + i * kTileThreads + threadIdx.x (P =
 // kTileVectors; avo/row_args.h). A row loads its vectors of the per-element inputs when
 // it is made (load_vectors), so that they are in flight while it adds up the tiles'
-// parts of the reduction.
-//  - kTotals false (tile_sums_kernel): the pass's reduction over the tile goes to the
-//    row's tile sums; the rest of the row's math does nothing.
-//  - kTotals true (tiled_rows_kernel): the reduction is the sum of the tiles' parts, in
-//    the same order in every warp of every block of the row, and the last pass runs over
-//    the tile, its per-column terms summed into the thread's sums for the chunk.
-template <typename T, typename Args, typename Math, int V, bool kTotals>
-struct TiledRow : RowView<T, Args>, LoadedVectorPasses<TiledRow<T, Args, Math, V, kTotals>, T, Args, Math, V> {
-  using Passes = LoadedVectorPasses<TiledRow<T, Args, Math, V, kTotals>, T, Args, Math, V>;
+// parts of the reduction, or is made from vectors loaded before (the one kernel).
+//  - kTotals false (the parts): the pass's reduction over the tile goes to the row's
+//    tile sums; the rest of the row's math does nothing.
+//  - kTotals true (the totals): the reduction is the sum of the tiles' parts, in the same
+//    order in every warp of every block of the row, and the last pass runs over the
+//    tile, its per-column terms summed into the thread's sums for the chunk.
+//  - kOneKernel: the parts are written and read while the other tiles' blocks run, each
+//    as one 64-bit word holding the value and a mark that it is written (TaggedPart); a
+//    reader waits for the mark.
+template <typename T, typename Args, typename Math, int V, bool kTotals, bool kOneKernel = false>
+struct TiledRow : RowView<T, Args>,
+                  LoadedVectorPasses<TiledRow<T, Args, Math, V, kTotals, kOneKernel>, T, Args, Math, V> {
+  using Passes = LoadedVectorPasses<TiledRow<T, Args, Math, V, kTotals, kOneKernel>, T, Args, Math, V>;
   static constexpr int P = kTileVectors;
   using RowView<T, Args>::args;
   using RowView<T, Args>::r;
@@ -1261,33 +1302,39 @@ struct TiledRow : RowView<T, Args>, LoadedVectorPasses<TiledRow<T, Args, Math, V
   static constexpr int kSums = Math::kColumnSums > 0 ? Math::kColumnSums : 1;
   using ColumnSums = float[kSums][P][V];
   // Whether a row's tile parts of tile `lane` (lane = threadIdx.x % 32, where lane <
-  // tiles) are loaded with its vectors (kTiledMaxSums of them, whether the math sums that
-  // many or fewer), not after them in tile_total: on the H200 the 16-bit backwards of
-  // 16384 to 262144 gained 3-18% (layernorm's at 1024x65536 0.41 -> 0.45 of copy), the
-  // fp32 ones of 262144 (128 tiles) lost 12-14%, for a reason not found (the registers
-  // are the same).
-  static constexpr bool kLoadsParts = kTotals && sizeof(T) == 2;
-  // This thread's vectors of the tile, and where kLoadsParts its parts of the reduction.
-  struct Vectors {
-    Cached v[Args::kInputs][P];
-    float first_parts[kLoadsParts ? kTiledMaxSums : 1];
-  };
+  // tiles) are loaded when the row is made (kTiledMaxSums of them, whether the math sums
+  // that many or fewer), not after its vectors in tile_total: on the H200 the 16-bit
+  // backwards of 16384 to 262144 gained 3-18% (layernorm's at 1024x65536 0.41 -> 0.45 of
+  // copy), the fp32 ones of 262144 (128 tiles) lost 12-14%, for a reason not found (the
+  // registers are the same). Not in the one kernel, which waits for each part.
+  static constexpr bool kLoadsParts = kTotals && !kOneKernel && sizeof(T) == 2;
+  static constexpr int kVectorElements = V;
+  using Vectors = TileVectors<T, Args, V>;
 
   int64_t tile, tiles;
   ColumnSums* columns;
   Vectors cache;
+  float first_parts[kLoadsParts ? kTiledMaxSums : 1];
 
   __device__ __forceinline__ TiledRow(const Args& a, int64_t row, int64_t its_tile, int64_t row_tiles,
                                       ColumnSums* column_sums)
-      : RowView<T, Args>(a, row), tile(its_tile), tiles(row_tiles), columns(column_sums) {
-    load(args, r, tile, tiles, cache);
+      : TiledRow(a, row, its_tile, row_tiles, column_sums, load_vectors(a, row, its_tile)) {}
+  __device__ __forceinline__ TiledRow(const Args& a, int64_t row, int64_t its_tile, int64_t row_tiles,
+                                      ColumnSums* column_sums, const Vectors& loaded)
+      : RowView<T, Args>(a, row), tile(its_tile), tiles(row_tiles), columns(column_sums), cache(loaded) {
+    if constexpr (kLoadsParts) {
+      const int lane = threadIdx.x % 32;
+      AVO_UNROLL
+      for (int k = 0; k < kTiledMaxSums; ++k) first_parts[k] = lane < tiles ? tile_parts(k)[lane] : 0.0f;
+    }
   }
 
   // This thread's vector i of a tile is the row's vector i * kTileThreads + first_vector(tile).
   __device__ __forceinline__ static int64_t first_vector(int64_t tile) {
     return tile * P * kTileThreads + threadIdx.x;
   }
-  __device__ __forceinline__ static void load(const Args& args, int64_t row, int64_t tile, int64_t tiles, Vectors& out) {
+  __device__ __forceinline__ static Vectors load_vectors(const Args& args, int64_t row, int64_t tile) {
+    Vectors out;
     const int64_t vectors = args.length / V, first = first_vector(tile);
     AVO_UNROLL
     for (int k = 0; k < Args::kInputs; ++k) {
@@ -1298,12 +1345,7 @@ struct TiledRow : RowView<T, Args>, LoadedVectorPasses<TiledRow<T, Args, Math, V
         if (v < vectors) out.v[k][i].load(static_cast<const T*>(args.inputs[k]) + row * args.length + v * V);
       }
     }
-    if constexpr (kLoadsParts) {
-      const int lane = threadIdx.x % 32;
-      AVO_UNROLL
-      for (int k = 0; k < kTiledMaxSums; ++k)
-        out.first_parts[k] = lane < tiles ? row_tile_parts(args, row, tiles, k)[lane] : 0.0f;
-    }
+    return out;
   }
 
   // Calls visit(i, v, in) for each of this thread's vectors of the tile, `in` holding its
@@ -1333,37 +1375,81 @@ struct TiledRow : RowView<T, Args>, LoadedVectorPasses<TiledRow<T, Args, Math, V
     group_sums<K, true>(values, int(blockDim.x));
   }
 
-  // The tile parts of value k of a row's reduction.
-  __device__ __forceinline__ static float* row_tile_parts(const Args& args, int64_t row, int64_t tiles, int k) {
-    return args.tile_sums + (row * kTiledMaxSums + k) * tiles;
+  // The tile parts of value k of a row's reduction: [rows, kTiledMaxSums, tiles] floats,
+  // or in the one kernel as many TaggedPart words.
+  __device__ __forceinline__ float* tile_parts(int k) const {
+    return args.tile_sums + (r * kTiledMaxSums + k) * tiles;
   }
-  __device__ __forceinline__ float* tile_parts(int k) const { return row_tile_parts(args, r, tiles, k); }
+  __device__ __forceinline__ unsigned long long* tagged_parts(int k) const {
+    return reinterpret_cast<unsigned long long*>(args.tile_sums) + (r * kTiledMaxSums + k) * tiles;
+  }
+  __device__ __forceinline__ void write_part(int k, float value) const {
+    if constexpr (kOneKernel) TaggedPart::write(tagged_parts(k) + tile, value);
+    else tile_parts(k)[tile] = value;
+  }
 
   // The tiles' parts of value k combined: lane l takes tiles l (loaded with the vectors
   // where kLoadsParts), l + 32, ... in order, then the lanes combine in a butterfly
   // (every lane gets the same value).
   template <typename Combine>
   __device__ __forceinline__ float tile_total(int k, Combine combine, float identity) const {
-    const float* parts = tile_parts(k);
     const int lane = threadIdx.x % 32;
     float total = identity;
     int64_t t = lane;
     if constexpr (kLoadsParts) {
-      if (lane < tiles) total = combine(total, cache.first_parts[k]);
+      if (lane < tiles) total = combine(total, first_parts[k]);
       t += 32;
     }
-    for (; t < tiles; t += 32) total = combine(total, parts[t]);
+    for (; t < tiles; t += 32) total = combine(total, tile_parts(k)[t]);
     butterfly_offsets<true>(32, [&](int offset) { total = combine(total, __shfl_xor_sync(0xffffffffu, total, offset)); });
     return total;
   }
 
+  // In the one kernel, the K values' tiles' parts combined likewise, each lane loading
+  // its words of up to kWaitBatch tiles for all K at once before it waits for any, so
+  // that a row waits about one trip to L2 for its parts instead of one per word.
+  static constexpr int kWaitBatch = 2;
+  template <int K, typename Combine>
+  __device__ __forceinline__ void tagged_totals(float (&out)[K], Combine combine, float identity) const {
+    const int lane = threadIdx.x % 32;
+    AVO_UNROLL
+    for (int k = 0; k < K; ++k) out[k] = identity;
+    for (int64_t first = lane; first < tiles; first += 32 * kWaitBatch) {
+      unsigned long long words[K][kWaitBatch];
+      AVO_UNROLL
+      for (int k = 0; k < K; ++k) {
+        AVO_UNROLL
+        for (int b = 0; b < kWaitBatch; ++b) {
+          const int64_t t = first + 32 * b;
+          words[k][b] = t < tiles ? TaggedPart::load(tagged_parts(k) + t) : TaggedPart::kWritten;
+        }
+      }
+      AVO_UNROLL
+      for (int k = 0; k < K; ++k) {
+        AVO_UNROLL
+        for (int b = 0; b < kWaitBatch; ++b) {
+          const int64_t t = first + 32 * b;
+          if (t >= tiles) continue;
+          out[k] = combine(out[k], TaggedPart::value(TaggedPart::wait(tagged_parts(k) + t, words[k][b])));
+        }
+      }
+    }
+    AVO_UNROLL
+    for (int k = 0; k < K; ++k)
+      butterfly_offsets<true>(32, [&](int offset) { out[k] = combine(out[k], __shfl_xor_sync(0xffffffffu, out[k], offset)); });
+  }
+
   template <unsigned M, typename Combine, typename F>
   __device__ __forceinline__ float reduce(F term, Combine combine, float identity) const {
-    if constexpr (kTotals) {
+    if constexpr (kTotals && kOneKernel) {
+      float total[1];
+      tagged_totals(total, combine, identity);
+      return total[0];
+    } else if constexpr (kTotals) {
       return tile_total(0, combine, identity);
     } else {
       const float partial = Passes::template reduce<M>(term, combine, identity);
-      if (threadIdx.x == 0) tile_parts(0)[tile] = partial;
+      if (threadIdx.x == 0) write_part(0, partial);
       return partial;
     }
   }
@@ -1371,14 +1457,16 @@ struct TiledRow : RowView<T, Args>, LoadedVectorPasses<TiledRow<T, Args, Math, V
   template <unsigned M, int K, typename F>
   __device__ __forceinline__ void reduce_sums(F terms_at, float (&out)[K]) const {
     static_assert(K <= kTiledMaxSums, "the tile sums hold kTiledMaxSums values of a row");
-    if constexpr (kTotals) {
+    if constexpr (kTotals && kOneKernel) {
+      tagged_totals(out, Plus{}, 0.0f);
+    } else if constexpr (kTotals) {
       AVO_UNROLL
       for (int k = 0; k < K; ++k) out[k] = tile_total(k, Plus{}, 0.0f);
     } else {
       Passes::template reduce_sums<M, K>(terms_at, out);
       if (threadIdx.x == 0) {
         AVO_UNROLL
-        for (int k = 0; k < K; ++k) tile_parts(k)[tile] = out[k];
+        for (int k = 0; k < K; ++k) write_part(k, out[k]);
       }
     }
   }
@@ -2233,6 +2321,25 @@ __global__ void __launch_bounds__(kTileThreads) tile_sums_kernel(const Args args
     math.template apply<PrecisionFor<T>>(TiledRow<T, Args, Math, V, false>(args, b / tiles, b % tiles, tiles, nullptr));
 }
 
+// Writes tile `tile`'s columns of chunk `chunk`'s partials ([column sums, chunks,
+// length]) from a thread's per-column sums over the chunk's rows.
+template <typename Row, typename Args>
+__device__ __forceinline__ void write_tile_partials(const Args& args, const typename Row::ColumnSums& sums,
+                                                    int64_t chunk, int64_t chunks, int64_t tile) {
+  const int64_t vectors = args.length / Row::kVectorElements;
+  AVO_UNROLL
+  for (int k = 0; k < Row::kSums; ++k) {
+    AVO_UNROLL
+    for (int i = 0; i < Row::P; ++i) {
+      const int64_t v = Row::first_vector(tile) + int64_t(i) * kTileThreads;
+      if (v >= vectors) continue;
+      float* partial = args.partials + (k * chunks + chunk) * args.length + v * Row::kVectorElements;
+      AVO_UNROLL
+      for (int j = 0; j < Row::kVectorElements; ++j) partial[j] = sums[k][i][j];
+    }
+  }
+}
+
 // The tiled version's second kernel: block b takes tile b % tiles of the rows of chunk
 // b / tiles (chunks of rows_per_chunk rows) and writes the tile's columns of the chunk's
 // partials, [column sums, chunks, length].
@@ -2241,31 +2348,114 @@ __global__ void __launch_bounds__(kTileThreads) tiled_rows_kernel(const Args arg
                                                                   int64_t chunks, int64_t rows_per_chunk) {
   static_assert(kCanTile<Math>, "the tiled version takes backwards with per-column sums and one reduction pass");
   using Row = TiledRow<T, Args, Math, V, true>;
-  const int64_t vectors = args.length / V;
   for (int64_t b = blockIdx.x; b < chunks * tiles; b += gridDim.x) {
     const int64_t chunk = b / tiles, tile = b % tiles;
     const int64_t first = chunk * rows_per_chunk;
     const int64_t last = first + rows_per_chunk < args.rows ? first + rows_per_chunk : args.rows;
     typename Row::ColumnSums sums = {};
     for (int64_t r = first; r < last; ++r) math.template apply<PrecisionFor<T>>(Row(args, r, tile, tiles, &sums));
-    AVO_UNROLL
-    for (int k = 0; k < Math::kColumnSums; ++k) {
-      AVO_UNROLL
-      for (int i = 0; i < Row::P; ++i) {
-        const int64_t v = Row::first_vector(tile) + int64_t(i) * kTileThreads;
-        if (v >= vectors) continue;
-        float* partial = args.partials + (k * chunks + chunk) * args.length + v * V;
-        AVO_UNROLL
-        for (int j = 0; j < V; ++j) partial[j] = sums[k][i][j];
-      }
-    }
+    write_tile_partials<Row>(args, sums, chunk, chunks, tile);
   }
 }
 
-// Launches the tiled version's two kernels; returns the chunks of its partials.
+// The blocks of the tiled version's one kernel that a multiprocessor holds at least (its
+// registers are bounded for as many): the kernel runs only where all its blocks
+// (kOneKernelTiledBlocks, avo/row_args.h) fit on the GPU at once.
+constexpr int kOneKernelTiledBlocksPerMultiprocessor = 2;
+
+// The tiled version in one kernel, where all its blocks fit on the GPU at once (a
+// cooperative launch): block b takes tile b % tiles of every row of chunk b / tiles, in
+// order. For row r it writes the tile's part of the reduction of row r + 1, then waits for
+// every tile's part of row r (TaggedPart) and runs the last pass over its tile of row r,
+// from the vectors it loaded two rows before and kept in registers: the row is read once,
+// where the two kernels read it twice, and the other tiles' parts of a row are written a
+// row before the block waits for them. Only the `tiles` blocks of a chunk wait for each
+// other, and each writes row r + 1's part before it waits for row r's, so no block waits
+// for one that waits for it. On an H100 it ran the backwards of 8192 to 262144 elements
+// at 0.97-1.44x the two kernels' speed (layernorm's bf16 at 1024x65536 1.10x, rmsnorm's
+// 1.35x); with the parts counted under a release and an acquire instead of tagged, the
+// release waited for the block's loads of the rows ahead and 2-sum backwards lost (the
+// H200, layernorm's bf16 at 16384 to 65536: 0.83-0.84x).
 template <typename T, typename Args, typename Math, int V>
-int64_t launch_tiled_rows(const Args& args, const Math& math, const DeviceInfo& device, cudaStream_t stream) {
+__global__ void __launch_bounds__(kTileThreads, kOneKernelTiledBlocksPerMultiprocessor)
+    one_kernel_tiled_rows_kernel(const Args args, const Math math, int64_t tiles, int64_t rows_per_chunk) {
+  static_assert(kCanTile<Math>, "the tiled version takes backwards with per-column sums and one reduction pass");
+  using Parts = TiledRow<T, Args, Math, V, false, true>;
+  using Totals = TiledRow<T, Args, Math, V, true, true>;
+  using Vectors = TileVectors<T, Args, V>;
+  const int64_t chunk = blockIdx.x / tiles, tile = blockIdx.x % tiles;
+  const int64_t first = chunk * rows_per_chunk;
+  const int64_t last = first + rows_per_chunk < args.rows ? first + rows_per_chunk : args.rows;
+  typename Totals::ColumnSums sums = {};
+  const auto write_part = [&](int64_t r, const Vectors& vectors) {
+    math.template apply<PrecisionFor<T>>(Parts(args, r, tile, tiles, nullptr, vectors));
+  };
+  const auto finish_row = [&](int64_t r, const Vectors& vectors) {
+    math.template apply<PrecisionFor<T>>(Totals(args, r, tile, tiles, &sums, vectors));
+  };
+  // One row's step: held = row r's vectors, next = row r + 1's, spare receives row r + 2's.
+  const auto step = [&](int64_t r, const Vectors& held, const Vectors& next, Vectors& spare) {
+    if (r + 2 < last) spare = Totals::load_vectors(args, r + 2, tile);
+    if (r + 1 < last) write_part(r + 1, next);
+    finish_row(r, held);
+  };
+  Vectors a, b, c;
+  if (first < last) a = Totals::load_vectors(args, first, tile);
+  if (first + 1 < last) b = Totals::load_vectors(args, first + 1, tile);
+  if (first < last) write_part(first, a);
+  // Unrolled by three so that the three row buffers stay in fixed registers.
+  for (int64_t r = first; r < last; r += 3) {
+    step(r, a, b, c);
+    if (r + 1 < last) step(r + 1, b, c, a);
+    if (r + 2 < last) step(r + 2, c, a, b);
+  }
+  if (first < last) write_tile_partials<Totals>(args, sums, chunk, args.chunks, tile);
+}
+
+// Whether the tiled version's one kernel runs a call: all its `blocks` fit on the GPU at
+// once, and its tagged parts are 8-byte aligned.
+template <typename Kernel>
+bool fits_one_kernel(Kernel kernel, int64_t blocks, const float* tile_sums, const DeviceInfo& device) {
+  return is_aligned(tile_sums, sizeof(unsigned long long)) &&
+         blocks <= int64_t(device.multiprocessors) * blocks_per_multiprocessor(kernel, kTileThreads, 0, device);
+}
+
+// Launches the tiled version's kernels, one from `one_kernel_min_vectors` vectors on (or
+// forced) where they fit, else two; returns the chunks of its partials.
+template <typename T, typename Args, typename Math, int V>
+int64_t launch_tiled_rows(const Args& args, const Math& math, int64_t vectors, int64_t one_kernel_min_vectors,
+                          const DeviceInfo& device, cudaStream_t stream) {
   const int64_t tiles = row_tiles(args.length, sizeof(T));
+  const TiledKernels forced_kernels = forced<TiledKernels>();
+  const bool one_wanted = forced_kernels == TiledKernels::kAuto ? vectors >= one_kernel_min_vectors
+                                                                : forced_kernels == TiledKernels::kOne;
+  if (one_wanted) {
+    const int64_t rows_per_chunk = one_kernel_tiled_rows_per_chunk(args.rows, tiles, args.chunks);
+    const int64_t chunks = (args.rows + rows_per_chunk - 1) / rows_per_chunk;
+    const auto kernel = one_kernel_tiled_rows_kernel<T, Args, Math, V>;
+    if (fits_one_kernel(kernel, chunks * tiles, args.tile_sums, device)) {
+      Args one = args;
+      one.chunks = chunks;  // the partials' chunks: fewer than the binding made room for
+      cudaMemsetAsync(args.tile_sums, 0, size_t(tiled_one_kernel_part_bytes(args.rows, tiles)), stream);
+      cudaLaunchAttribute cooperative[1] = {};
+      cooperative[0].id = cudaLaunchAttributeCooperative;
+      cooperative[0].val.cooperative = 1;
+      cudaLaunchConfig_t config = {};
+      config.gridDim = dim3(unsigned(chunks * tiles));
+      config.blockDim = dim3(unsigned(kTileThreads));
+      config.stream = stream;
+      config.attrs = cooperative;
+      config.numAttrs = 1;
+      // Refused where the blocks cannot all run at once after all (another context holds
+      // part of the GPU, say): then the two kernels run instead.
+      if (cudaLaunchKernelEx(&config, kernel, one, math, tiles, rows_per_chunk) == cudaSuccess) {
+        last_tiled_kernels() = TiledKernels::kOne;
+        return chunks;
+      }
+      cudaGetLastError();  // the refusal is an answer here, not a failure of the call
+    }
+  }
+  last_tiled_kernels() = TiledKernels::kTwo;
   const auto sums_kernel = tile_sums_kernel<T, Args, Math, V>;
   sums_kernel<<<resident_grid_size(sums_kernel, args.rows * tiles * kTileThreads, kTileThreads, device), kTileThreads, 0, stream>>>(
       args, math, tiles);
@@ -2286,7 +2476,7 @@ RowThresholds row_thresholds(const RowTuning (&table)[N], int arch) {
       return {row.staged_min_vectors[index], row.global_min_vectors[index], row.pipelined_min_vectors[index],
               row.tiled_min_vectors[index], row.cluster_min_vectors[index], row.wide_min_vectors[index],
               row.coarse_chunks_min_vectors[index], row.narrow_max_vectors[index],
-              row.small_cluster_blocks_min_vectors[index]};
+              row.small_cluster_blocks_min_vectors[index], row.one_kernel_min_vectors[index]};
   return {};
 }
 
@@ -2398,7 +2588,9 @@ void launch_row_op(const Args& given, const Math& math, const RowTuning (&tuning
       else launch_cluster_rows<T, Args, Math, 1>(args, math, vectors, chunked, small_blocks, device, stream, false);
       break;
     case RowVersion::kTiled:
-      if constexpr (kCanTile<Math>) partial_chunks = launch_tiled_rows<T, Args, Math, V>(args, math, device, stream);
+      if constexpr (kCanTile<Math>)
+        partial_chunks = launch_tiled_rows<T, Args, Math, V>(args, math, vectors, thresholds.one_kernel_min_vectors,
+                                                             device, stream);
       break;
     default:  // RowVersion::kGlobal
       if (vectorized) launch_global_rows<T, Args, Math, V>(args, math, vectors, chunked, device, stream);

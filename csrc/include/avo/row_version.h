@@ -25,8 +25,10 @@ namespace avo {
 // sums spreads its rows over coarse chunks (rows_per_chunk in avo/row_args.h) from
 // coarse_chunks_min_vectors[t] on. A cluster row without per-column sums takes small
 // blocks (a quarter of the threads, cluster_block_threads in avo/row_cuda.cuh) from
-// small_cluster_blocks_min_vectors[t] on. The generated sources hold these tables, from
-// the files of tuning/ (benchmarks/tune_rows.py writes them).
+// small_cluster_blocks_min_vectors[t] on. The tiled version runs as one kernel (where all
+// its blocks fit on the GPU at once) from one_kernel_min_vectors[t] on, else as two. The
+// generated sources hold these tables, from the files of tuning/ (benchmarks/tune_rows.py
+// writes them).
 struct RowTuning {
   int arch;
   int64_t staged_min_vectors[3];
@@ -38,6 +40,7 @@ struct RowTuning {
   int64_t coarse_chunks_min_vectors[3];
   int64_t narrow_max_vectors[3];
   int64_t small_cluster_blocks_min_vectors[3];
+  int64_t one_kernel_min_vectors[3];
 };
 
 // A version never taken by choice, only where no other fits: the threshold of a line
@@ -57,6 +60,7 @@ struct RowThresholds {
   int64_t coarse_chunks_min_vectors = kNever;
   int64_t narrow_max_vectors = kNeverUpTo;
   int64_t small_cluster_blocks_min_vectors = kNever;
+  int64_t one_kernel_min_vectors = kNever;
 };
 
 // kPipelined is the register version loading the next row ahead (pipelined_rows), kWide
@@ -65,10 +69,10 @@ struct RowThresholds {
 enum class RowVersion { kAuto = -1, kRegister, kPipelined, kWide, kStaged, kCluster, kGlobal, kTiled, kNarrow };
 
 // The process-wide choice of a kind E of the GPU rows' dispatch (RowVersion, ChunkSize,
-// ClusterBlocks below): E::kAuto, as the dispatch table says, unless a test or benchmark
-// forced one (avo_ops._C.set_row_version, set_chunk_size, set_cluster_blocks). A forced
-// version that a call cannot take (a row too long for registers, say) is ignored for that
-// call.
+// ClusterBlocks, TiledKernels below): E::kAuto, as the dispatch table says, unless a test
+// or benchmark forced one (avo_ops._C.set_row_version, set_chunk_size,
+// set_cluster_blocks, set_tiled_kernels). A forced version that a call cannot take (a
+// row too long for registers, say) is ignored for that call.
 template <typename E>
 inline E& forced() {
   static E choice = E::kAuto;
@@ -100,6 +104,17 @@ inline int64_t& last_rows_per_chunk() {
 enum class ClusterBlocks { kAuto = -1, kFull, kSmall };
 inline int& last_cluster_block_threads() {
   static int last = 0;
+  return last;
+}
+
+// The kernels of the tiled version: as its table says (kAuto: one from the "one" line on,
+// where all its blocks fit on the GPU at once, else two), or forced, for tests and
+// benchmarks (avo_ops._C.set_tiled_kernels; a forced one kernel that does not fit runs
+// two). The form the last call of the tiled version took (kAuto before any): a benchmark
+// reads it to know which it timed.
+enum class TiledKernels { kAuto = -1, kTwo, kOne };
+inline TiledKernels& last_tiled_kernels() {
+  static TiledKernels last = TiledKernels::kAuto;
   return last;
 }
 
