@@ -67,11 +67,15 @@ AVO_HOST_DEVICE int64_t row_tiles(int64_t length, int64_t element_bytes) {
   constexpr int64_t tile = int64_t(kTileThreads) * kTileVectors;
   return length % per_vector == 0 ? (length / per_vector + tile - 1) / tile : 0;
 }
-AVO_HOST_DEVICE int64_t tiled_rows_per_chunk(int64_t rows, int64_t tiles, int64_t chunks) {
-  int64_t wanted = (kTiledBlocks + tiles - 1) / tiles;
+// The rows a chunk when `wanted` chunks are asked for, at most `chunks` (the partials the
+// binding made room for) and `rows`.
+AVO_HOST_DEVICE int64_t rows_per_wanted_chunk(int64_t rows, int64_t wanted, int64_t chunks) {
   if (wanted > chunks) wanted = chunks;
   if (wanted > rows) wanted = rows;
   return wanted > 0 ? (rows + wanted - 1) / wanted : 1;
+}
+AVO_HOST_DEVICE int64_t tiled_rows_per_chunk(int64_t rows, int64_t tiles, int64_t chunks) {
+  return rows_per_wanted_chunk(rows, (kTiledBlocks + tiles - 1) / tiles, chunks);
 }
 // The tiled version in one kernel runs its blocks all at once, a tile of a chunk each:
 // about kOneKernelTiledBlocks (two a multiprocessor of an H100 or H200), so chunks of
@@ -79,11 +83,8 @@ AVO_HOST_DEVICE int64_t tiled_rows_per_chunk(int64_t rows, int64_t tiles, int64_
 // fix the order of the per-column sums.
 constexpr int64_t kOneKernelTiledBlocks = 256;
 AVO_HOST_DEVICE int64_t one_kernel_tiled_rows_per_chunk(int64_t rows, int64_t tiles, int64_t chunks) {
-  int64_t wanted = kOneKernelTiledBlocks / tiles;
-  if (wanted < 1) wanted = 1;
-  if (wanted > chunks) wanted = chunks;
-  if (wanted > rows) wanted = rows;
-  return wanted > 0 ? (rows + wanted - 1) / wanted : 1;
+  const int64_t wanted = kOneKernelTiledBlocks / tiles;
+  return rows_per_wanted_chunk(rows, wanted > 1 ? wanted : 1, chunks);
 }
 // The floats the tiled version takes after the partials, for its tile sums: in two
 // kernels [rows, kTiledMaxSums, tiles] floats, in one as many 64-bit words (a part and

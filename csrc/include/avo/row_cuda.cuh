@@ -2378,7 +2378,8 @@ constexpr int kOneKernelTiledBlocksPerMultiprocessor = 2;
 // H200, layernorm's bf16 at 16384 to 65536: 0.83-0.84x).
 template <typename T, typename Args, typename Math, int V>
 __global__ void __launch_bounds__(kTileThreads, kOneKernelTiledBlocksPerMultiprocessor)
-    one_kernel_tiled_rows_kernel(const Args args, const Math math, int64_t tiles, int64_t rows_per_chunk) {
+    one_kernel_tiled_rows_kernel(const Args args, const Math math, int64_t tiles, int64_t chunks,
+                                 int64_t rows_per_chunk) {
   static_assert(kCanTile<Math>, "the tiled version takes backwards with per-column sums and one reduction pass");
   using Parts = TiledRow<T, Args, Math, V, false, true>;
   using Totals = TiledRow<T, Args, Math, V, true, true>;
@@ -2409,7 +2410,7 @@ __global__ void __launch_bounds__(kTileThreads, kOneKernelTiledBlocksPerMultipro
     if (r + 1 < last) step(r + 1, b, c, a);
     if (r + 2 < last) step(r + 2, c, a, b);
   }
-  if (first < last) write_tile_partials<Totals>(args, sums, chunk, args.chunks, tile);
+  if (first < last) write_tile_partials<Totals>(args, sums, chunk, chunks, tile);
 }
 
 // Whether the tiled version's one kernel runs a call: all its `blocks` fit on the GPU at
@@ -2434,8 +2435,6 @@ int64_t launch_tiled_rows(const Args& args, const Math& math, int64_t vectors, i
     const int64_t chunks = (args.rows + rows_per_chunk - 1) / rows_per_chunk;
     const auto kernel = one_kernel_tiled_rows_kernel<T, Args, Math, V>;
     if (fits_one_kernel(kernel, chunks * tiles, args.tile_sums, device)) {
-      Args one = args;
-      one.chunks = chunks;  // the partials' chunks: fewer than the binding made room for
       cudaMemsetAsync(args.tile_sums, 0, size_t(tiled_one_kernel_part_bytes(args.rows, tiles)), stream);
       cudaLaunchAttribute cooperative[1] = {};
       cooperative[0].id = cudaLaunchAttributeCooperative;
@@ -2448,7 +2447,7 @@ int64_t launch_tiled_rows(const Args& args, const Math& math, int64_t vectors, i
       config.numAttrs = 1;
       // Refused where the blocks cannot all run at once after all (another context holds
       // part of the GPU, say): then the two kernels run instead.
-      if (cudaLaunchKernelEx(&config, kernel, one, math, tiles, rows_per_chunk) == cudaSuccess) {
+      if (cudaLaunchKernelEx(&config, kernel, args, math, tiles, chunks, rows_per_chunk) == cudaSuccess) {
         last_tiled_kernels() = TiledKernels::kOne;
         return chunks;
       }
