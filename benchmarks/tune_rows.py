@@ -1,9 +1,15 @@
 #!/usr/bin/env python3
 """Time the versions of the row kernels against each other on this GPU and write the
-dispatch thresholds the build takes in: tuning/sm_<arch>.json.
+dispatch thresholds the build takes in: this GPU's table in tuning/.
 
-    python benchmarks/tune_rows.py                  # writes tuning/sm_<arch>.json
+    python benchmarks/tune_rows.py                  # writes this GPU's tuning file
     pip install --no-build-isolation -e .           # regenerates the .cu tables, rebuilds
+
+The file is the one this GPU's dispatch reads (generator/tuning.py): its own,
+tuning/sm_<arch>-<gpu>.json, where there is one; else its arch's, tuning/sm_<arch>.json,
+where that was measured on a GPU of the same name or does not exist yet; else a new file
+of its own, which starts from the arch's tables (its "based_on" says so) and takes this
+run's lines. A run never writes over the table another GPU measured.
 
 For every row op (the ops of csrc/include/avo/row_cuda.cuh), kernel (forward, backward),
 dtype (float16, bfloat16, float32) and row length N (powers of two from 256 to 262144, as
@@ -79,7 +85,7 @@ times nothing: it computes --tables again from the measurements of the last run 
 
 Options: --ops, --kernels, --dtypes, --tables, --row-lengths, --elements (default 2^26),
 --reps (default 30), --margin (default 0.01), --tolerance (default 0.03), --out PATH
-(default tuning/sm_<arch>.json under the repository), --recompute PATH, --fresh.
+(default: this GPU's file, above), --recompute PATH, --fresh.
 """
 from __future__ import annotations
 
@@ -99,7 +105,7 @@ import bench_ops  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from generator.build import load_schedules  # noqa: E402
-from generator.tuning import UP_TO_TABLES  # noqa: E402
+from generator.tuning import TUNING_DIR, UP_TO_TABLES, tuning_file_name  # noqa: E402
 
 # The ops whose kernels are row kernels, from their specs.
 ROW_OPS = [s.spec.name for s in load_schedules(ROOT, os.path.join(ROOT, "specs")) if s.pattern == "row"]
@@ -295,14 +301,43 @@ def by_group(measurements: list[dict]) -> dict[tuple[str, str, str], list[dict]]
     return groups
 
 
-def previous_file(path: str, arch: int) -> dict:
-    """The tuning file this run writes over, or an empty one."""
+def default_out(root: str, arch: int, gpu: str) -> str:
+    """The file a run on the GPU named `gpu` writes: the one its dispatch reads, which is
+    its own (tuning/sm_<arch>-<gpu>.json) where there is one, else its arch's
+    (tuning/sm_<arch>.json) where that was measured on this GPU or there is none; a new
+    file of its own otherwise, so that a run on one GPU does not write over the table
+    another GPU of the arch measured."""
+    folder = os.path.join(root, TUNING_DIR)
+    own = os.path.join(folder, tuning_file_name(arch, gpu))
+    shared = os.path.join(folder, tuning_file_name(arch))
+    if os.path.exists(own):
+        return own
+    if not os.path.exists(shared):
+        return shared
+    with open(shared, encoding="utf-8") as f:
+        return shared if json.load(f).get("gpu", gpu) == gpu else own
+
+
+def previous_file(path: str, arch: int, gpu: str) -> dict:
+    """The tuning file this run writes over, or an empty one. A GPU's new file of its own
+    starts from the tables of its arch's file, which its runs then replace line by line
+    ("based_on" says so); a file measured on another GPU is refused."""
     if not os.path.exists(path):
-        return {}
+        shared = os.path.join(os.path.dirname(os.path.abspath(path)), tuning_file_name(arch))
+        if os.path.basename(path) != tuning_file_name(arch, gpu) or not os.path.exists(shared):
+            return {}
+        with open(shared, encoding="utf-8") as f:
+            data = json.load(f)
+        return {"based_on": f"{TUNING_DIR}/{tuning_file_name(arch)} ({data.get('gpu', '')}): the lines this "
+                            f"GPU's runs did not measure", "runs": [],
+                **{name: data[name] for name in TABLE_VERSIONS if name in data}}
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
     if data.get("arch") != arch:
         raise SystemExit(f"tune_rows: {path} is for sm_{data.get('arch')}, this GPU is sm_{arch}")
+    if data.get("gpu", gpu) != gpu:
+        raise SystemExit(f"tune_rows: {path} holds the table of the {data['gpu']}, this GPU is the {gpu}; "
+                         f"its own is {TUNING_DIR}/{tuning_file_name(arch, gpu)} (the default --out)")
     return data
 
 
@@ -323,7 +358,8 @@ def merged_file(previous: dict, found: dict, measurements: list[dict], run: dict
     replaced = {group for group, values in found.items() if set(values) == set(TABLE_VERSIONS)}
     kept = [{"run": 0, **m} for m in previous.get("measurements", [])
             if (m["op"], m["kernel"], m["dtype"]) not in replaced]
-    return {**header, "runs": runs + [run], **tables,
+    based_on = {"based_on": previous["based_on"]} if "based_on" in previous else {}
+    return {**header, **based_on, "runs": runs + [run], **tables,
             "measurements": kept + [{"run": len(runs), **m} for m in measurements]}
 
 
@@ -338,7 +374,7 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--margin", type=float, default=0.01)
     p.add_argument("--tolerance", type=float, default=0.03)
-    p.add_argument("--out", help="default: tuning/sm_<arch>.json in the repository")
+    p.add_argument("--out", help="default: this GPU's file in tuning/ (sm_<arch>.json or sm_<arch>-<gpu>.json)")
     p.add_argument("--recompute", metavar="PATH", help="time nothing: compute --tables again from PATH's last run")
     p.add_argument("--fresh", action="store_true",
                    help="every line from this run's times alone, none kept from the file it writes over")
@@ -370,8 +406,9 @@ def main(argv=None) -> int:
 
     major, minor = torch.cuda.get_device_capability()
     arch = major * 10 + minor
-    out = args.out or os.path.join(ROOT, "tuning", f"sm_{arch}.json")
-    previous = previous_file(out, arch)
+    gpu = torch.cuda.get_device_name()
+    out = args.out or default_out(ROOT, arch, gpu)
+    previous = previous_file(out, arch, gpu)
 
     timer = bench_ops.Timer(args.reps, warmup=5)
     plan = [(op, d, dtype, n) for op in ops for d in directions for dtype in dtypes for n in lengths]
@@ -412,7 +449,7 @@ def main(argv=None) -> int:
     run = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": shlex.join([os.path.basename(sys.executable), *sys.argv]),
            "torch": torch.__version__, "cuda": torch.version.cuda}
-    header = {"arch": arch, "gpu": torch.cuda.get_device_name(),
+    header = {"arch": arch, "gpu": gpu,
               "rule": rule_text(args.margin, args.tolerance, kept=not args.fresh)}
     result = merged_file(previous, found, measurements, run, header)
     write_tuning(out, result)

@@ -29,6 +29,7 @@ registers are sized for the kept values alone.
 """
 from __future__ import annotations
 
+import json
 import textwrap
 
 from .emit_c import StatementPrinter, float_literal, fusable_products
@@ -662,20 +663,28 @@ def emit_row_math(s: OpSchedule) -> str:
     return "\n".join(lines)
 
 
-def _tuning_rows(s: OpSchedule, kernel: RowKernel, tunings: list[ArchTuning]) -> list[tuple[str, int, dict]]:
-    """(GPU label, arch, table name -> thresholds per dtype) of one kernel: the tuned GPUs,
-    then the rest."""
-    rows = [(f"sm_{t.arch} ({t.gpu})" if t.gpu else f"sm_{t.arch}", t.arch,
+def _tuning_label(t: ArchTuning) -> str:
+    if t.own:
+        return f"sm_{t.arch}, {t.gpu} only"
+    return f"sm_{t.arch} ({t.gpu})" if t.gpu else f"sm_{t.arch}"
+
+
+def _tuning_rows(s: OpSchedule, kernel: RowKernel,
+                 tunings: list[ArchTuning]) -> list[tuple[str, int, str | None, dict]]:
+    """(GPU label, arch, the device name of a GPU's own row or None, table name ->
+    thresholds per dtype) of one kernel: the tuned GPUs, in the order the dispatch tries
+    them (load_tunings), then the rest."""
+    rows = [(_tuning_label(t), t.arch, t.gpu if t.own else None,
              {table: [t.threshold(table, s.spec.name, kernel.role, d) for d in TUNING_DTYPES]
               for table in TUNING_TABLES}) for t in tunings]
-    return rows + [("any other GPU", 0, {table: [None] * len(TUNING_DTYPES) for table in TUNING_TABLES})]
+    return rows + [("any other GPU", 0, None, {table: [None] * len(TUNING_DTYPES) for table in TUNING_TABLES})]
 
 
 def _dispatch_table(s: OpSchedule, tunings: list[ArchTuning]) -> list[str]:
     """The row-version dispatch of both kernels: a readable table, then the arrays the
     launchers pass to avo::launch_row_op."""
     kernels = [(k, _tuning_rows(s, k, tunings)) for k in (s.forward, s.backward)]
-    width = max(len(gpu) for _, rows in kernels for gpu, _, _ in rows)
+    width = max(len(gpu) for _, rows in kernels for gpu, _, _, _ in rows)
     lines = [
         "// Which version of avo/row_cuda.cuh a call runs (pick_row_version, on the host per",
         "// call): rows of 16-byte vectors take GlobalRow from the length in vectors of the",
@@ -692,11 +701,12 @@ def _dispatch_table(s: OpSchedule, tunings: list[ArchTuning]) -> list[str]:
         "// per-column sums small blocks (avo::cluster_block_threads) from that of the",
         "// \"small\" line on; the tiled version runs as one kernel from that of the \"one\"",
         "// line on (where its blocks fit), else as two. Measured by benchmarks/tune_rows.py",
-        "// (tuning/sm_<arch>.json).",
+        "// (tuning/sm_<arch>.json, and tuning/sm_<arch>-<gpu>.json for a GPU of its own: a",
+        "// GPU takes the first of the rows below that is its own or its arch's).",
         f"//   | {'kernel':8} | {'GPU':{width}} | {'line':9} | " + " | ".join(f"{d:>8}" for d in TUNING_DTYPES) + " |",
     ]
     for kernel, rows in kernels:
-        for gpu, _, tables in rows:
+        for gpu, _, _, tables in rows:
             for table in TUNING_TABLES:
                 version = table.split("_")[0]
                 lines.append(f"//   | {kernel.role:8} | {gpu:{width}} | {version:9} | "
@@ -708,8 +718,9 @@ def _dispatch_table(s: OpSchedule, tunings: list[ArchTuning]) -> list[str]:
 
     for kernel, rows in kernels:
         lines.append(f"constexpr avo::RowTuning k{kernel.role.capitalize()}Tuning[] = {{")
-        lines += [f"    {{{arch}, {', '.join(array(t, tables[t]) for t in TUNING_TABLES)}}},"
-                  for _, arch, tables in rows]
+        lines += [f"    {{{arch}, {', '.join(array(t, tables[t]) for t in TUNING_TABLES)}"
+                  + (f", {json.dumps(own_gpu)}" if own_gpu else "") + "},"
+                  for _, arch, own_gpu, tables in rows]
         lines.append("};")
     return lines + [""]
 

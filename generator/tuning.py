@@ -1,6 +1,15 @@
-"""The measured part of the row kernels' dispatch: one JSON file per GPU architecture in
-tuning/ (tuning/sm_90.json), written by benchmarks/tune_rows.py on that GPU and read
-here at generation time, so that the thresholds land in the generated .cu sources.
+"""The measured part of the row kernels' dispatch: JSON files in tuning/, written by
+benchmarks/tune_rows.py on a GPU and read here at generation time, so that the
+thresholds land in the generated .cu sources. Two kinds of file:
+
+  - tuning/sm_<arch>.json (tuning/sm_90.json): the table of every GPU of that compute
+    capability without a file of its own; its "gpu" names the GPU it was measured on;
+  - tuning/sm_<arch>-<gpu>.json (tuning/sm_90-nvidia-h100-80gb-hbm3.json): the table of
+    the GPU whose device name is its "gpu" exactly; <gpu> is that name in lower case,
+    each run of other characters than letters and digits a "-" (gpu_file_key).
+
+GPUs of one architecture differ in memory rate and clocks, and so in where one version
+overtakes another (the H100 and the H200 are both sm_90).
 
 A file holds, besides how it was measured, ten tables. For each row op and kernel
 ("forward", "backward") and element type: the row length in 16-byte vectors from which
@@ -47,7 +56,8 @@ ROLES = ("forward", "backward")
 @dataclass(frozen=True)
 class ArchTuning:
     arch: int  # compute capability, major * 10 + minor
-    gpu: str
+    gpu: str  # the device name of the GPU it was measured on ("" where the file has none)
+    own: bool  # the table of that GPU alone (sm_<arch>-<gpu>.json), not of its arch
     # table name (TABLES) -> (op, role, dtype) -> threshold in vectors; absent or None:
     # never by choice
     thresholds: dict[str, dict[tuple[str, str, str], int | None]]
@@ -56,20 +66,43 @@ class ArchTuning:
         return self.thresholds[table].get((op, role, dtype))
 
 
+def gpu_file_key(name: str) -> str:
+    """The part of a GPU's own tuning file's name that names it: "NVIDIA H100 80GB HBM3"
+    -> "nvidia-h100-80gb-hbm3"."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def tuning_file_name(arch: int, gpu: str | None = None) -> str:
+    """tuning/'s file of the GPUs of `arch`, or of the GPU named `gpu` alone."""
+    return f"sm_{arch}.json" if gpu is None else f"sm_{arch}-{gpu_file_key(gpu)}.json"
+
+
 def load_tunings(root: str) -> list[ArchTuning]:
-    """Every tuning/sm_<arch>.json under `root`, newest architecture first."""
+    """Every tuning file under `root`, newest architecture first, and within one the
+    GPUs' own files before the architecture's: the order the dispatch tries them in."""
     folder = os.path.join(root, TUNING_DIR)
     if not os.path.isdir(folder):
         return []
     tunings = []
     for name in sorted(os.listdir(folder)):
-        match = re.fullmatch(r"sm_(\d+)\.json", name)
+        match = re.fullmatch(r"sm_(\d+)(?:-([a-z0-9-]+))?\.json", name)
         if match:
-            tunings.append(_parse(os.path.join(folder, name), f"{TUNING_DIR}/{name}", int(match.group(1))))
-    return sorted(tunings, key=lambda t: -t.arch)
+            tunings.append(_parse(os.path.join(folder, name), f"{TUNING_DIR}/{name}", int(match.group(1)),
+                                  match.group(2)))
+    return sorted(tunings, key=lambda t: (-t.arch, not t.own))
 
 
-def _parse(path: str, shown: str, arch: int) -> ArchTuning:
+def tuning_for(tunings: list[ArchTuning], arch: int, gpu: str) -> ArchTuning | None:
+    """The table the dispatch takes on a GPU of compute capability `arch` whose device
+    name is `gpu` (avo::row_thresholds picks the same): its own, else its arch's, else
+    none (every version but the register, cluster and global ones never by choice)."""
+    for tuning in tunings:
+        if tuning.arch == arch and (not tuning.own or tuning.gpu == gpu):
+            return tuning
+    return None
+
+
+def _parse(path: str, shown: str, arch: int, gpu_key: str | None) -> ArchTuning:
     def fail(message: str):
         raise SpecError(None, f"{shown}: {message}")
 
@@ -80,13 +113,18 @@ def _parse(path: str, shown: str, arch: int) -> ArchTuning:
         fail(f"cannot be read: {error}")
     if data.get("arch") != arch:
         fail(f"'arch' is {data.get('arch')!r} but the file name says {arch}")
+    gpu = data.get("gpu", "")
+    if not isinstance(gpu, str):
+        fail(f"'gpu' must be the GPU's device name, got {gpu!r}")
+    if gpu_key is not None and gpu_file_key(gpu) != gpu_key:
+        fail(f"a GPU's own table must be named after its 'gpu' ({gpu!r}: {tuning_file_name(arch, gpu) if gpu else 'none given'})")
     tables = {}
     for name in TABLES:
         table = data.get(name, None if name == "staged_min_vectors" else {})
         if not isinstance(table, dict):
             fail(f"'{name}' must map op -> kernel -> dtype -> vectors or null")
         tables[name] = _parse_table(table, fail)
-    return ArchTuning(arch, str(data.get("gpu", "")), tables)
+    return ArchTuning(arch, gpu, gpu_key is not None, tables)
 
 
 def _parse_table(table: dict, fail) -> dict[tuple[str, str, str], int | None]:

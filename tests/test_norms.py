@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from generator.tuning import load_tunings  # noqa: E402
+from generator.tuning import load_tunings, tuning_for  # noqa: E402
 
 FP32_EPS = torch.finfo(torch.float32).eps
 
@@ -930,16 +930,23 @@ def test_an_fp32_layernorm_forward_of_262144_takes_the_cluster_kernel_version_of
     assert avo_ops._C.last_row_version() == "cluster"
 
 
+def this_gpus_table(line):
+    """The sm_90 tuning table this GPU's dispatch takes (its own file of tuning/, else
+    tuning/sm_90.json), read as the generator reads it for the build; skips the test on a
+    GPU of another arch, for which the `line` is not measured."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip(f"the {line} line is measured for sm_90")
+    return tuning_for(load_tunings(str(ROOT)), 90, torch.cuda.get_device_name())
+
+
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_a_16_bit_rmsnorm_forward_takes_narrow_rows_up_to_the_tables_line(dtype):
-    """The sm_90 table's narrow line for rmsnorm's 16-bit forwards (tuning/sm_90.json, read
-    as the generator reads it for the build) gives rows of that length to the narrow
+    """The sm_90 table's narrow line for rmsnorm's 16-bit forwards (this GPU's, read as
+    the generator reads it for the build: this_gpus_table) gives rows of that length to the narrow
     version, not forced; rows twice as long take another; both match float64."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the narrow line is measured for sm_90")
-    sm_90 = next(t for t in load_tunings(str(ROOT)) if t.arch == 90)
-    line = sm_90.threshold("narrow_max_vectors", "rmsnorm", "forward", str(dtype).removeprefix("torch."))
+    line = this_gpus_table("narrow").threshold("narrow_max_vectors", "rmsnorm", "forward",
+                                               str(dtype).removeprefix("torch."))
     assert line is not None, "the shipped table gives rmsnorm's 16-bit forwards a narrow line"
     op = OPS["rmsnorm"]
     for length, narrow in [(line * 8, True), (line * 16, False)]:  # 8 16-bit elements a vector
@@ -1080,24 +1087,20 @@ def test_set_cluster_blocks_sets_the_threads_of_a_cluster_rows_blocks():
 
 
 def sm_90_line_reached(table, name, role, dtype, length):
-    """Whether rows of `length` elements reach the sm_90 table's line `table` for `name`'s
-    `role` kernel in `dtype` (tuning/sm_90.json, read as the generator reads it for the
-    build); skips the test on a GPU the line is not measured for."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip(f"the {table} line is measured for sm_90")
-    sm_90 = next(t for t in load_tunings(str(ROOT)) if t.arch == 90)
+    """Whether rows of `length` elements reach the line `table` for `name`'s `role` kernel
+    in `dtype` of this sm_90 GPU's table (this_gpus_table)."""
     dtype_name = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype]
-    line = sm_90.threshold(table, name, role, dtype_name)
+    line = this_gpus_table(table).threshold(table, name, role, dtype_name)
     return line is not None and length * dtype.itemsize // 16 >= line
 
 
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_a_cluster_rmsnorm_forward_of_65536_takes_the_blocks_of_the_tables_small_line(dtype):
-    """The sm_90 table's small line for rmsnorm's forward (tuning/sm_90.json, read as the
-    generator reads it for the build), not forced: rows of 65536 elements in the cluster
-    version take small blocks (256 threads: 8 a cluster in bf16, 16 in fp32) where the line
-    is at or below their length, full ones (1024) otherwise; both match float64."""
+    """The small line for rmsnorm's forward of this sm_90 GPU's table (this_gpus_table),
+    not forced: rows of 65536 elements in the cluster version take small blocks (256
+    threads: 8 a cluster in bf16, 16 in fp32) where the line is at or below their length,
+    full ones (1024) otherwise; both match float64."""
     small = sm_90_line_reached("small_cluster_blocks_min_vectors", "rmsnorm", "forward", dtype, 65536)
     op = OPS["rmsnorm"]
     tensors = make_inputs(op, (3, 65536), dtype, "cuda")
@@ -1156,11 +1159,11 @@ def test_the_tiled_version_in_one_kernel_gives_the_same_bits_on_every_call(name,
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_a_tiled_layernorm_backward_of_65536_takes_the_kernels_of_the_tables_one_line(dtype):
-    """The sm_90 table's one line for layernorm's backward (tuning/sm_90.json, read as the
-    generator reads it for the build), not forced: rows of 65536 elements in the tiled
-    version run as one kernel where the line is at or below their length and its 256
-    blocks fit on the GPU at once (two a multiprocessor), as two otherwise; both match
-    float64."""
+    """The one line for layernorm's backward of this sm_90 GPU's table (this_gpus_table),
+    not forced: rows of 65536 elements in the tiled version run as one kernel where the
+    line is at or below their length and its 256 blocks fit on the GPU at once (two a
+    multiprocessor), as two otherwise; both match float64. With a table of its own for
+    the GPU, this checks that the dispatch takes that one."""
     one = sm_90_line_reached("one_kernel_min_vectors", "layernorm", "backward", dtype, 65536)
     fits = 2 * torch.cuda.get_device_properties(0).multi_processor_count >= 256
     op = OPS["layernorm"]

@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from generator.build import generate  # noqa: E402
 from generator.errors import SpecError  # noqa: E402
-from generator.tuning import load_tunings  # noqa: E402
+from generator.tuning import gpu_file_key, load_tunings, tuning_for  # noqa: E402
 
 
 def _tree(tmp_path, tuning: dict | None, name: str = "sm_90.json"):
@@ -136,6 +136,97 @@ def test_bad_tuning_files_are_rejected_with_their_name(tmp_path, content, name, 
     root = _tree(tmp_path, content, name)
     with pytest.raises(SpecError, match=f"tuning/{name}: .*{phrase}".replace("[", r"\[").replace("(", r"\(")):
         load_tunings(str(root))
+
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def test_a_gpus_own_file_comes_before_its_archs_in_the_generated_table(tmp_path):
+    root = _tree(tmp_path, {"arch": 90, "gpu": "NVIDIA H200",
+                            "staged_min_vectors": {"softmax": {"forward": {"float16": 512}}}})
+    (root / "tuning" / "sm_90-nvidia-h100-80gb-hbm3.json").write_text(json.dumps(
+        {"arch": 90, "gpu": H100, "staged_min_vectors": {"softmax": {"forward": {"float16": 256}}}}))
+    cu = _softmax_cu(root)
+    assert f"//   | forward  | sm_90, {H100} only | staged    |      256 |    never |    never |" in cu
+    assert f"//   | forward  | {'sm_90 (NVIDIA H200)':{len(f'sm_90, {H100} only')}} | staged    |      512 |    never |    never |" in cu
+    forward = cu[cu.index("kForwardTuning[] = {"):].splitlines()
+    # the GPU's own row names it and comes first; the arch's row and the last name none
+    assert forward[1].strip().startswith("{90, {256, avo::kNever, avo::kNever}, ")
+    assert forward[1].strip().endswith(f'{{avo::kNever, avo::kNever, avo::kNever}}, "{H100}"}},')
+    assert forward[2].strip().startswith("{90, {512, avo::kNever, avo::kNever}, ")
+    assert forward[2].strip().endswith("{avo::kNever, avo::kNever, avo::kNever}},")
+    assert forward[3].strip().startswith("{0, ")
+
+
+def test_the_dispatch_takes_the_gpus_own_table_else_its_archs(tmp_path):
+    root = _tree(tmp_path, {"arch": 90, "gpu": "NVIDIA H200", "staged_min_vectors": {}})
+    (root / "tuning" / "sm_90-nvidia-h100-80gb-hbm3.json").write_text(json.dumps(
+        {"arch": 90, "gpu": H100, "staged_min_vectors": {}}))
+    (root / "tuning" / "sm_80.json").write_text(json.dumps({"arch": 80, "staged_min_vectors": {}}))
+    tunings = load_tunings(str(root))
+    assert [(t.arch, t.gpu, t.own) for t in tunings] == [(90, H100, True), (90, "NVIDIA H200", False), (80, "", False)]
+    assert tuning_for(tunings, 90, H100).own
+    assert tuning_for(tunings, 90, "NVIDIA H200").gpu == "NVIDIA H200"
+    assert tuning_for(tunings, 90, "NVIDIA H100 PCIe").gpu == "NVIDIA H200"  # another name: the arch's
+    assert tuning_for(tunings, 80, "NVIDIA A100-SXM4-80GB").arch == 80
+    assert tuning_for(tunings, 100, "NVIDIA B200") is None
+
+
+def test_gpu_file_key_names_the_gpu_in_lower_case_with_dashes():
+    assert gpu_file_key(H100) == "nvidia-h100-80gb-hbm3"
+    assert gpu_file_key("NVIDIA H100 PCIe") == "nvidia-h100-pcie"
+    assert gpu_file_key("NVIDIA A100-SXM4-80GB") == "nvidia-a100-sxm4-80gb"
+
+
+@pytest.mark.parametrize("content, phrase", [
+    ({"arch": 90, "gpu": "NVIDIA H200", "staged_min_vectors": {}},
+     "a GPU's own table must be named after its 'gpu' ('NVIDIA H200': sm_90-nvidia-h200.json)"),
+    ({"arch": 90, "staged_min_vectors": {}}, "a GPU's own table must be named after its 'gpu' ('': none given)"),
+    ({"arch": 90, "gpu": 7, "staged_min_vectors": {}}, "'gpu' must be the GPU's device name, got 7"),
+])
+def test_a_gpus_own_file_must_name_its_gpu(tmp_path, content, phrase):
+    root = _tree(tmp_path, content, "sm_90-nvidia-h100-80gb-hbm3.json")
+    with pytest.raises(SpecError, match=f"tuning/sm_90-nvidia-h100-80gb-hbm3.json: .*{phrase}"
+                       .replace("(", r"\(").replace(")", r"\)")):
+        load_tunings(str(root))
+
+
+def test_a_run_writes_the_table_its_gpu_reads_and_never_another_gpus(tmp_path):
+    from tune_rows import default_out, merged_file, previous_file
+
+    folder = tmp_path / "tuning"
+    shared = str(folder / "sm_90.json")
+    own = str(folder / "sm_90-nvidia-h100-80gb-hbm3.json")
+    # no file yet: the arch's, whichever GPU runs first
+    assert default_out(str(tmp_path), 90, H100) == shared
+    folder.mkdir()
+    h200 = {"arch": 90, "gpu": "NVIDIA H200", "runs": [{"date": "d0"}],
+            "staged_min_vectors": {"softmax": {"forward": {"float16": 512}}},
+            "one_kernel_min_vectors": {"layernorm": {"backward": {"bfloat16": None}}},
+            "measurements": [{"run": 0, "op": "softmax", "kernel": "forward", "dtype": "float16",
+                              "row_length": 256, "register_us": 10.0}]}
+    (folder / "sm_90.json").write_text(json.dumps(h200))
+    assert default_out(str(tmp_path), 90, "NVIDIA H200") == shared
+    assert default_out(str(tmp_path), 90, H100) == own
+    # the H100's new file starts from the H200's tables, without its runs or times
+    previous = previous_file(own, 90, H100)
+    assert previous["staged_min_vectors"] == h200["staged_min_vectors"]
+    assert previous["runs"] == [] and "measurements" not in previous
+    assert previous["based_on"].startswith("tuning/sm_90.json (NVIDIA H200)")
+    found = {("layernorm", "backward", "bfloat16"): {"one_kernel_min_vectors": 1024}}
+    merged = merged_file(previous, found, [], {"date": "d1"}, {"arch": 90, "gpu": H100})
+    assert merged["one_kernel_min_vectors"] == {"layernorm": {"backward": {"bfloat16": 1024}}}
+    assert merged["staged_min_vectors"] == h200["staged_min_vectors"]
+    assert merged["based_on"] == previous["based_on"] and [r["date"] for r in merged["runs"]] == ["d1"]
+    (folder / "sm_90-nvidia-h100-80gb-hbm3.json").write_text(json.dumps(merged))
+    assert default_out(str(tmp_path), 90, H100) == own
+    assert previous_file(own, 90, H100)["runs"] == [{"date": "d1"}]
+    # the H200's table is never written over from an H100, nor the H100's from an H200
+    with pytest.raises(SystemExit, match="holds the table of the NVIDIA H200, this GPU is the NVIDIA H100 80GB HBM3"):
+        previous_file(shared, 90, H100)
+    with pytest.raises(SystemExit, match="holds the table of the NVIDIA H100 80GB HBM3"):
+        previous_file(own, 90, "NVIDIA H200")
+    assert load_tunings(str(tmp_path))[0].gpu == H100  # the file it wrote loads as the H100's own
 
 
 def test_the_shipped_tuning_files_load():

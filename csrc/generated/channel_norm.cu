@@ -23,53 +23,76 @@ namespace avo::ops::channel_norm {
 // per-column sums small blocks (avo::cluster_block_threads) from that of the
 // "small" line on; the tiled version runs as one kernel from that of the "one"
 // line on (where its blocks fit), else as two. Measured by benchmarks/tune_rows.py
-// (tuning/sm_<arch>.json).
-//   | kernel   | GPU                 | line      |  float16 | bfloat16 |  float32 |
-//   | forward  | sm_90 (NVIDIA H200) | staged    |    never |    never |    never |
-//   | forward  | sm_90 (NVIDIA H200) | global    |    never |    never |    never |
-//   | forward  | sm_90 (NVIDIA H200) | pipelined |     4096 |     4096 |     4096 |
-//   | forward  | sm_90 (NVIDIA H200) | tiled     |    never |    never |    never |
-//   | forward  | sm_90 (NVIDIA H200) | cluster   |    never |    never |    never |
-//   | forward  | sm_90 (NVIDIA H200) | wide      |      512 |     2048 |     1024 |
-//   | forward  | sm_90 (NVIDIA H200) | coarse    |    never |    never |    never |
-//   | forward  | sm_90 (NVIDIA H200) | narrow    |    never |       32 |    never |
-//   | forward  | sm_90 (NVIDIA H200) | small     |     8192 |     8192 |    16384 |
-//   | forward  | sm_90 (NVIDIA H200) | one       |    never |    never |    never |
-//   | forward  | any other GPU       | staged    |    never |    never |    never |
-//   | forward  | any other GPU       | global    |    never |    never |    never |
-//   | forward  | any other GPU       | pipelined |    never |    never |    never |
-//   | forward  | any other GPU       | tiled     |    never |    never |    never |
-//   | forward  | any other GPU       | cluster   |    never |    never |    never |
-//   | forward  | any other GPU       | wide      |    never |    never |    never |
-//   | forward  | any other GPU       | coarse    |    never |    never |    never |
-//   | forward  | any other GPU       | narrow    |    never |    never |    never |
-//   | forward  | any other GPU       | small     |    never |    never |    never |
-//   | forward  | any other GPU       | one       |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200) | staged    |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200) | global    |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200) | pipelined |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200) | tiled     |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200) | cluster   |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200) | wide      |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200) | coarse    |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200) | narrow    |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200) | small     |     8192 |     8192 |     8192 |
-//   | backward | sm_90 (NVIDIA H200) | one       |    never |    never |    never |
-//   | backward | any other GPU       | staged    |    never |    never |    never |
-//   | backward | any other GPU       | global    |    never |    never |    never |
-//   | backward | any other GPU       | pipelined |    never |    never |    never |
-//   | backward | any other GPU       | tiled     |    never |    never |    never |
-//   | backward | any other GPU       | cluster   |    never |    never |    never |
-//   | backward | any other GPU       | wide      |    never |    never |    never |
-//   | backward | any other GPU       | coarse    |    never |    never |    never |
-//   | backward | any other GPU       | narrow    |    never |    never |    never |
-//   | backward | any other GPU       | small     |    never |    never |    never |
-//   | backward | any other GPU       | one       |    never |    never |    never |
+// (tuning/sm_<arch>.json, and tuning/sm_<arch>-<gpu>.json for a GPU of its own: a
+// GPU takes the first of the rows below that is its own or its arch's).
+//   | kernel   | GPU                               | line      |  float16 | bfloat16 |  float32 |
+//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | staged    |    never |    never |    never |
+//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | global    |    never |    never |    never |
+//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | pipelined |     4096 |     4096 |     4096 |
+//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | tiled     |    never |    never |    never |
+//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | cluster   |    never |    never |    never |
+//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | wide      |      512 |     2048 |     1024 |
+//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | coarse    |    never |    never |    never |
+//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | narrow    |    never |       32 |    never |
+//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | small     |     8192 |     8192 |    16384 |
+//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | one       |    never |    never |    never |
+//   | forward  | sm_90 (NVIDIA H200)               | staged    |    never |    never |    never |
+//   | forward  | sm_90 (NVIDIA H200)               | global    |    never |    never |    never |
+//   | forward  | sm_90 (NVIDIA H200)               | pipelined |     4096 |     4096 |     4096 |
+//   | forward  | sm_90 (NVIDIA H200)               | tiled     |    never |    never |    never |
+//   | forward  | sm_90 (NVIDIA H200)               | cluster   |    never |    never |    never |
+//   | forward  | sm_90 (NVIDIA H200)               | wide      |      512 |     2048 |     1024 |
+//   | forward  | sm_90 (NVIDIA H200)               | coarse    |    never |    never |    never |
+//   | forward  | sm_90 (NVIDIA H200)               | narrow    |    never |       32 |    never |
+//   | forward  | sm_90 (NVIDIA H200)               | small     |     8192 |     8192 |    16384 |
+//   | forward  | sm_90 (NVIDIA H200)               | one       |    never |    never |    never |
+//   | forward  | any other GPU                     | staged    |    never |    never |    never |
+//   | forward  | any other GPU                     | global    |    never |    never |    never |
+//   | forward  | any other GPU                     | pipelined |    never |    never |    never |
+//   | forward  | any other GPU                     | tiled     |    never |    never |    never |
+//   | forward  | any other GPU                     | cluster   |    never |    never |    never |
+//   | forward  | any other GPU                     | wide      |    never |    never |    never |
+//   | forward  | any other GPU                     | coarse    |    never |    never |    never |
+//   | forward  | any other GPU                     | narrow    |    never |    never |    never |
+//   | forward  | any other GPU                     | small     |    never |    never |    never |
+//   | forward  | any other GPU                     | one       |    never |    never |    never |
+//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | staged    |    never |    never |    never |
+//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | global    |    never |    never |    never |
+//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | pipelined |    never |    never |    never |
+//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | tiled     |    never |    never |    never |
+//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | cluster   |    never |    never |    never |
+//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | wide      |    never |    never |    never |
+//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | coarse    |    never |    never |    never |
+//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | narrow    |    never |    never |    never |
+//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | small     |     8192 |     8192 |     8192 |
+//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | one       |    never |    never |    never |
+//   | backward | sm_90 (NVIDIA H200)               | staged    |    never |    never |    never |
+//   | backward | sm_90 (NVIDIA H200)               | global    |    never |    never |    never |
+//   | backward | sm_90 (NVIDIA H200)               | pipelined |    never |    never |    never |
+//   | backward | sm_90 (NVIDIA H200)               | tiled     |    never |    never |    never |
+//   | backward | sm_90 (NVIDIA H200)               | cluster   |    never |    never |    never |
+//   | backward | sm_90 (NVIDIA H200)               | wide      |    never |    never |    never |
+//   | backward | sm_90 (NVIDIA H200)               | coarse    |    never |    never |    never |
+//   | backward | sm_90 (NVIDIA H200)               | narrow    |    never |    never |    never |
+//   | backward | sm_90 (NVIDIA H200)               | small     |     8192 |     8192 |     8192 |
+//   | backward | sm_90 (NVIDIA H200)               | one       |    never |    never |    never |
+//   | backward | any other GPU                     | staged    |    never |    never |    never |
+//   | backward | any other GPU                     | global    |    never |    never |    never |
+//   | backward | any other GPU                     | pipelined |    never |    never |    never |
+//   | backward | any other GPU                     | tiled     |    never |    never |    never |
+//   | backward | any other GPU                     | cluster   |    never |    never |    never |
+//   | backward | any other GPU                     | wide      |    never |    never |    never |
+//   | backward | any other GPU                     | coarse    |    never |    never |    never |
+//   | backward | any other GPU                     | narrow    |    never |    never |    never |
+//   | backward | any other GPU                     | small     |    never |    never |    never |
+//   | backward | any other GPU                     | one       |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {512, 2048, 1024}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, 32, avo::kNeverUpTo}, {8192, 8192, 16384}, {avo::kNever, avo::kNever, avo::kNever}, "NVIDIA H100 80GB HBM3"},
     {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {512, 2048, 1024}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, 32, avo::kNeverUpTo}, {8192, 8192, 16384}, {avo::kNever, avo::kNever, avo::kNever}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {8192, 8192, 8192}, {avo::kNever, avo::kNever, avo::kNever}, "NVIDIA H100 80GB HBM3"},
     {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {8192, 8192, 8192}, {avo::kNever, avo::kNever, avo::kNever}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };

@@ -131,9 +131,11 @@ struct DeviceInfo {
   int multiprocessors = 1;
   size_t max_shared_optin = 0;  // shared memory a block may use when it asks for it
   size_t l2_bytes = 0;
+  const char* name = "";        // its device name ("NVIDIA H200"), for the tuning tables
 };
 
-inline DeviceInfo read_device_info(int device) {
+// `name`, where given, receives the device name, which the DeviceInfo then points to.
+inline DeviceInfo read_device_info(int device, char (*name)[256] = nullptr) {
   DeviceInfo info;
   info.index = device;
   int major = 0, minor = 0, multiprocessors = 1, shared = 0, l2 = 0;
@@ -146,17 +148,25 @@ inline DeviceInfo read_device_info(int device) {
   info.multiprocessors = multiprocessors > 0 ? multiprocessors : 1;
   info.max_shared_optin = size_t(shared > 0 ? shared : 0);
   info.l2_bytes = size_t(l2 > 0 ? l2 : 0);
+  cudaDeviceProp properties;
+  if (name != nullptr && cudaGetDeviceProperties(&properties, device) == cudaSuccess) {
+    std::strncpy(*name, properties.name, sizeof(*name) - 1);
+    (*name)[sizeof(*name) - 1] = '\0';
+    info.name = *name;
+  }
   return info;
 }
 
 inline DeviceInfo current_device_info() {
   constexpr int kCachedDevices = 64;
   static DeviceInfo cached[kCachedDevices];
+  static char names[kCachedDevices][256];
   static std::once_flag read[kCachedDevices];
   int device = 0;
   cudaGetDevice(&device);
+  // Beyond the cached devices, without a name: such a GPU takes its arch's tuning row.
   if (device < 0 || device >= kCachedDevices) return read_device_info(device);
-  std::call_once(read[device], [device] { cached[device] = read_device_info(device); });
+  std::call_once(read[device], [device] { cached[device] = read_device_info(device, &names[device]); });
   return cached[device];
 }
 

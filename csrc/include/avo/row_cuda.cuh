@@ -2466,12 +2466,13 @@ int64_t launch_tiled_rows(const Args& args, const Math& math, int64_t vectors, i
   return chunks;
 }
 
-// The thresholds of `table` for GPUs of compute capability `arch` and element type T.
+// The thresholds of `table` for `device` and element type T: the GPU's own row, else its
+// arch's, else the last (any other GPU, arch 0).
 template <typename T, size_t N>
-RowThresholds row_thresholds(const RowTuning (&table)[N], int arch) {
+RowThresholds row_thresholds(const RowTuning (&table)[N], const DeviceInfo& device) {
   constexpr int index = std::is_same<T, __half>::value ? 0 : std::is_same<T, __nv_bfloat16>::value ? 1 : 2;
   for (const RowTuning& row : table)
-    if (row.arch == arch || row.arch == 0)
+    if ((row.arch == device.arch && (row.gpu == nullptr || std::strcmp(row.gpu, device.name) == 0)) || row.arch == 0)
       return {row.staged_min_vectors[index], row.global_min_vectors[index], row.pipelined_min_vectors[index],
               row.tiled_min_vectors[index], row.cluster_min_vectors[index], row.wide_min_vectors[index],
               row.coarse_chunks_min_vectors[index], row.narrow_max_vectors[index],
@@ -2501,7 +2502,7 @@ template <typename T, typename Args, typename Math, size_t N>
 void launch_row_op(const Args& given, const Math& math, const RowTuning (&tuning)[N], cudaStream_t stream) {
   if (given.rows == 0) return;
   const DeviceInfo device = current_device_info();
-  const RowThresholds table = row_thresholds<T>(tuning, device.arch);
+  const RowThresholds table = row_thresholds<T>(tuning, device);
   constexpr int V = 16 / sizeof(T);
   const bool chunked = wants_column_sums<Math>(given);
   const bool vectorized = given.length % V == 0 && element_tensors_aligned<Math>(given, 16);

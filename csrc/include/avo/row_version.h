@@ -28,7 +28,8 @@ namespace avo {
 // small_cluster_blocks_min_vectors[t] on. The tiled version runs as one kernel (where all
 // its blocks fit on the GPU at once) from one_kernel_min_vectors[t] on, else as two. The
 // generated sources hold these tables, from the files of tuning/ (benchmarks/tune_rows.py
-// writes them).
+// writes them). A row with a `gpu` is that GPU's own (its device name exactly), and comes
+// before its arch's row: a GPU takes the first row that is its own or its arch's.
 struct RowTuning {
   int arch;
   int64_t staged_min_vectors[3];
@@ -41,6 +42,7 @@ struct RowTuning {
   int64_t narrow_max_vectors[3];
   int64_t small_cluster_blocks_min_vectors[3];
   int64_t one_kernel_min_vectors[3];
+  const char* gpu = nullptr;  // nullptr: every GPU of `arch` without a row of its own
 };
 
 // A version never taken by choice, only where no other fits: the threshold of a line
