@@ -30,7 +30,7 @@ namespace avo::ops::add_layernorm {
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | global    |    never |    never |    never |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | pipelined |    never |    never |    never |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | tiled     |    never |    never |    never |
-//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | cluster   |     4096 |     4096 |     4096 |
+//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | cluster   |     4096 |     4096 |    never |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | wide      |    never |    never |    never |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | coarse    |    never |    never |    never |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | narrow    |      128 |       64 |    never |
@@ -60,12 +60,12 @@ namespace avo::ops::add_layernorm {
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | global    |    never |    never |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | pipelined |    never |    never |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | tiled     |     4096 |     4096 |    32768 |
-//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | cluster   |     1024 |     1024 |      512 |
+//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | cluster   |      256 |      256 |      512 |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | wide      |    never |    never |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | coarse    |     2048 |     2048 |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | narrow    |    never |    never |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | small     |    never |    never |    never |
-//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | one       |     2048 |     2048 |     2048 |
+//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | one       |     2048 |     2048 |     1024 |
 //   | backward | sm_90 (NVIDIA H200)               | staged    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200)               | global    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200)               | pipelined |    never |    never |    never |
@@ -87,12 +87,12 @@ namespace avo::ops::add_layernorm {
 //   | backward | any other GPU                     | small     |    never |    never |    never |
 //   | backward | any other GPU                     | one       |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {128, 64, avo::kNeverUpTo}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, "NVIDIA H100 80GB HBM3"},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {128, 64, avo::kNeverUpTo}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, "NVIDIA H100 80GB HBM3"},
     {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {128, 64, avo::kNeverUpTo}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 32768}, {1024, 1024, 512}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, 2048}, "NVIDIA H100 80GB HBM3"},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 32768}, {256, 256, 512}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, 1024}, "NVIDIA H100 80GB HBM3"},
     {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, 32768}, {1024, 1024, 512}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };

@@ -28,13 +28,13 @@ namespace avo::ops::channel_norm {
 //   | kernel   | GPU                               | line      |  float16 | bfloat16 |  float32 |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | staged    |    never |    never |    never |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | global    |    never |    never |    never |
-//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | pipelined |     4096 |     4096 |     4096 |
+//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | pipelined |    never |    never |    never |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | tiled     |    never |    never |    never |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | cluster   |    never |    never |    never |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | wide      |      512 |     2048 |     1024 |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | coarse    |    never |    never |    never |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | narrow    |    never |       32 |    never |
-//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | small     |     8192 |     8192 |    16384 |
+//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | small     |     8192 |     8192 |    32768 |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | one       |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200)               | staged    |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200)               | global    |    never |    never |    never |
@@ -87,7 +87,7 @@ namespace avo::ops::channel_norm {
 //   | backward | any other GPU                     | small     |    never |    never |    never |
 //   | backward | any other GPU                     | one       |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {512, 2048, 1024}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, 32, avo::kNeverUpTo}, {8192, 8192, 16384}, {avo::kNever, avo::kNever, avo::kNever}, "NVIDIA H100 80GB HBM3"},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {512, 2048, 1024}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, 32, avo::kNeverUpTo}, {8192, 8192, 32768}, {avo::kNever, avo::kNever, avo::kNever}, "NVIDIA H100 80GB HBM3"},
     {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {512, 2048, 1024}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, 32, avo::kNeverUpTo}, {8192, 8192, 16384}, {avo::kNever, avo::kNever, avo::kNever}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };

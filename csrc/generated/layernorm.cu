@@ -28,13 +28,13 @@ namespace avo::ops::layernorm {
 //   | kernel   | GPU                               | line      |  float16 | bfloat16 |  float32 |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | staged    |    never |    never |    never |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | global    |    never |    never |    never |
-//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | pipelined |     2048 |     2048 |     4096 |
+//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | pipelined |     4096 |     4096 |    never |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | tiled     |    never |    never |    never |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | cluster   |    never |    never |    never |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | wide      |     1024 |     1024 |     4096 |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | coarse    |    never |    never |    never |
-//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | narrow    |    never |    never |    never |
-//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | small     |    16384 |    never |    never |
+//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | narrow    |       64 |       64 |    never |
+//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | small     |     8192 |    never |    16384 |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | one       |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200)               | staged    |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200)               | global    |    never |    never |    never |
@@ -60,9 +60,9 @@ namespace avo::ops::layernorm {
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | global    |    never |    never |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | pipelined |       32 |       32 |       64 |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | tiled     |     8192 |     8192 |    32768 |
-//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | cluster   |      256 |     2048 |      512 |
+//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | cluster   |      256 |      256 |     2048 |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | wide      |    never |    never |    never |
-//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | coarse    |    never |    never |    never |
+//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | coarse    |     2048 |     2048 |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | narrow    |    never |    never |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | small     |    never |    never |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | one       |     1024 |     1024 |    never |
@@ -87,12 +87,12 @@ namespace avo::ops::layernorm {
 //   | backward | any other GPU                     | small     |    never |    never |    never |
 //   | backward | any other GPU                     | one       |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {1024, 1024, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {16384, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, "NVIDIA H100 80GB HBM3"},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {1024, 1024, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {64, 64, avo::kNeverUpTo}, {8192, avo::kNever, 16384}, {avo::kNever, avo::kNever, avo::kNever}, "NVIDIA H100 80GB HBM3"},
     {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {1024, 1024, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {16384, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, 64}, {8192, 8192, 32768}, {256, 2048, 512}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {1024, 1024, avo::kNever}, "NVIDIA H100 80GB HBM3"},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, 64}, {8192, 8192, 32768}, {256, 256, 2048}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {1024, 1024, avo::kNever}, "NVIDIA H100 80GB HBM3"},
     {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, 64}, {8192, 2048, 32768}, {256, 2048, 512}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };

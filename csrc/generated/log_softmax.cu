@@ -28,13 +28,13 @@ namespace avo::ops::log_softmax {
 //   | kernel   | GPU                               | line      |  float16 | bfloat16 |  float32 |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | staged    |    never |    never |    never |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | global    |    never |    never |    never |
-//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | pipelined |     4096 |     4096 |     4096 |
+//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | pipelined |     4096 |     4096 |    never |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | tiled     |    never |    never |    never |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | cluster   |    never |    never |    never |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | wide      |     4096 |     4096 |     1024 |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | coarse    |    never |    never |    never |
-//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | narrow    |    never |    never |    never |
-//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | small     |     8192 |     8192 |    never |
+//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | narrow    |    never |       32 |    never |
+//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | small     |    never |    never |    never |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | one       |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200)               | staged    |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200)               | global    |    never |    never |    never |
@@ -64,7 +64,7 @@ namespace avo::ops::log_softmax {
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | wide      |    never |    never |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | coarse    |    never |    never |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | narrow    |    never |    never |    never |
-//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | small     |     8192 |     8192 |    16384 |
+//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | small     |     8192 |     8192 |     8192 |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | one       |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200)               | staged    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200)               | global    |    never |    never |    never |
@@ -87,12 +87,12 @@ namespace avo::ops::log_softmax {
 //   | backward | any other GPU                     | small     |    never |    never |    never |
 //   | backward | any other GPU                     | one       |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 1024}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {8192, 8192, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, "NVIDIA H100 80GB HBM3"},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 1024}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, 32, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, "NVIDIA H100 80GB HBM3"},
     {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 1024}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {8192, 8192, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {8192, 8192, 16384}, {avo::kNever, avo::kNever, avo::kNever}, "NVIDIA H100 80GB HBM3"},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {8192, 8192, 8192}, {avo::kNever, avo::kNever, avo::kNever}, "NVIDIA H100 80GB HBM3"},
     {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {8192, 8192, 16384}, {avo::kNever, avo::kNever, avo::kNever}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };

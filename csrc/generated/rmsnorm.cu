@@ -28,12 +28,12 @@ namespace avo::ops::rmsnorm {
 //   | kernel   | GPU                               | line      |  float16 | bfloat16 |  float32 |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | staged    |    never |    never |    never |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | global    |    never |    never |    never |
-//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | pipelined |     4096 |     4096 |    never |
+//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | pipelined |    never |    never |    never |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | tiled     |    never |    never |    never |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | cluster   |    never |    never |    never |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | wide      |     4096 |     4096 |     4096 |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | coarse    |    never |    never |    never |
-//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | narrow    |      512 |      512 |      512 |
+//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | narrow    |     1024 |     1024 |      512 |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | small     |     8192 |     8192 |     8192 |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | one       |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200)               | staged    |    never |    never |    never |
@@ -60,12 +60,12 @@ namespace avo::ops::rmsnorm {
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | global    |    never |    never |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | pipelined |       32 |       32 |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | tiled     |     4096 |     4096 |    32768 |
-//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | cluster   |      512 |      512 |     2048 |
+//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | cluster   |     2048 |     2048 |     2048 |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | wide      |    never |    never |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | coarse    |     2048 |     2048 |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | narrow    |    never |    never |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | small     |    never |    never |    never |
-//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | one       |     1024 |     1024 |     2048 |
+//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | one       |     1024 |     1024 |     1024 |
 //   | backward | sm_90 (NVIDIA H200)               | staged    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200)               | global    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200)               | pipelined |       32 |       32 |    never |
@@ -87,12 +87,12 @@ namespace avo::ops::rmsnorm {
 //   | backward | any other GPU                     | small     |    never |    never |    never |
 //   | backward | any other GPU                     | one       |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {512, 512, 512}, {8192, 8192, 8192}, {avo::kNever, avo::kNever, avo::kNever}, "NVIDIA H100 80GB HBM3"},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {1024, 1024, 512}, {8192, 8192, 8192}, {avo::kNever, avo::kNever, avo::kNever}, "NVIDIA H100 80GB HBM3"},
     {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {512, 512, 512}, {8192, 8192, 8192}, {avo::kNever, avo::kNever, avo::kNever}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, avo::kNever}, {4096, 4096, 32768}, {512, 512, 2048}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {1024, 1024, 2048}, "NVIDIA H100 80GB HBM3"},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, avo::kNever}, {4096, 4096, 32768}, {2048, 2048, 2048}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {1024, 1024, 1024}, "NVIDIA H100 80GB HBM3"},
     {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, avo::kNever}, {16384, 16384, 32768}, {512, 512, 2048}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };

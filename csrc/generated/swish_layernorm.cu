@@ -28,13 +28,13 @@ namespace avo::ops::swish_layernorm {
 //   | kernel   | GPU                               | line      |  float16 | bfloat16 |  float32 |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | staged    |    never |    never |    never |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | global    |    never |    never |    never |
-//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | pipelined |    never |    never |     2048 |
+//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | pipelined |    never |    never |     4096 |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | tiled     |    never |    never |    never |
-//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | cluster   |     4096 |     4096 |     4096 |
+//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | cluster   |    never |    never |    never |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | wide      |    never |    never |    never |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | coarse    |    never |    never |    never |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | narrow    |    never |    never |    never |
-//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | small     |     8192 |     8192 |    16384 |
+//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | small     |     8192 |     8192 |    never |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | one       |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200)               | staged    |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200)               | global    |    never |    never |    never |
@@ -62,7 +62,7 @@ namespace avo::ops::swish_layernorm {
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | tiled     |     8192 |     8192 |    32768 |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | cluster   |      256 |      256 |     1024 |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | wide      |    never |    never |    never |
-//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | coarse    |    never |    never |    never |
+//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | coarse    |     2048 |     2048 |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | narrow    |    never |    never |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | small     |    never |    never |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | one       |     4096 |    16384 |     8192 |
@@ -87,12 +87,12 @@ namespace avo::ops::swish_layernorm {
 //   | backward | any other GPU                     | small     |    never |    never |    never |
 //   | backward | any other GPU                     | one       |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, 2048}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {8192, 8192, 16384}, {avo::kNever, avo::kNever, avo::kNever}, "NVIDIA H100 80GB HBM3"},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {8192, 8192, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, "NVIDIA H100 80GB HBM3"},
     {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, 2048}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {8192, 8192, 16384}, {avo::kNever, avo::kNever, avo::kNever}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, 64}, {8192, 8192, 32768}, {256, 256, 1024}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 16384, 8192}, "NVIDIA H100 80GB HBM3"},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, 64}, {8192, 8192, 32768}, {256, 256, 1024}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 16384, 8192}, "NVIDIA H100 80GB HBM3"},
     {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, 64}, {8192, 8192, 32768}, {256, 256, 1024}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
