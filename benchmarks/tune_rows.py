@@ -105,7 +105,7 @@ import bench_ops  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from generator.build import load_schedules  # noqa: E402
-from generator.tuning import TUNING_DIR, UP_TO_TABLES, tuning_file_name  # noqa: E402
+from generator.tuning import TUNING_DIR, UP_TO_TABLES, load_tunings, tuning_file_name, tuning_for  # noqa: E402
 
 # The ops whose kernels are row kernels, from their specs.
 ROW_OPS = [s.spec.name for s in load_schedules(ROOT, os.path.join(ROOT, "specs")) if s.pattern == "row"]
@@ -302,20 +302,13 @@ def by_group(measurements: list[dict]) -> dict[tuple[str, str, str], list[dict]]
 
 
 def default_out(root: str, arch: int, gpu: str) -> str:
-    """The file a run on the GPU named `gpu` writes: the one its dispatch reads, which is
-    its own (tuning/sm_<arch>-<gpu>.json) where there is one, else its arch's
-    (tuning/sm_<arch>.json) where that was measured on this GPU or there is none; a new
-    file of its own otherwise, so that a run on one GPU does not write over the table
-    another GPU of the arch measured."""
-    folder = os.path.join(root, TUNING_DIR)
-    own = os.path.join(folder, tuning_file_name(arch, gpu))
-    shared = os.path.join(folder, tuning_file_name(arch))
-    if os.path.exists(own):
-        return own
-    if not os.path.exists(shared):
-        return shared
-    with open(shared, encoding="utf-8") as f:
-        return shared if json.load(f).get("gpu", gpu) == gpu else own
+    """The file a run on the GPU named `gpu` writes: the one its dispatch reads
+    (tuning_for), where that is its own or its arch's measured on a GPU of the same name
+    (or of none); with no file yet, its arch's; a new file of its own otherwise, so that a
+    run on one GPU does not write over the table another GPU of the arch measured."""
+    table = tuning_for(load_tunings(root), arch, gpu)
+    own = table is not None and (table.own or table.gpu not in ("", gpu))
+    return os.path.join(root, TUNING_DIR, tuning_file_name(arch, gpu if own else None))
 
 
 def previous_file(path: str, arch: int, gpu: str) -> dict:
