@@ -59,13 +59,13 @@ namespace avo::ops::layernorm {
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | staged    |    never |    never |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | global    |    never |    never |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | pipelined |       32 |       32 |       64 |
-//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | tiled     |     8192 |     8192 |    32768 |
+//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | tiled     |     4096 |     4096 |    32768 |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | cluster   |      256 |      256 |     2048 |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | wide      |    never |    never |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | coarse    |     2048 |     2048 |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | narrow    |    never |    never |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | small     |    never |    never |    never |
-//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | one       |     1024 |     1024 |    never |
+//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | one       |     1024 |     1024 |     2048 |
 //   | backward | sm_90 (NVIDIA H200)               | staged    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200)               | global    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200)               | pipelined |       32 |       32 |       64 |
@@ -92,7 +92,7 @@ constexpr avo::RowTuning kForwardTuning[] = {
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, 64}, {8192, 8192, 32768}, {256, 256, 2048}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {1024, 1024, avo::kNever}, "NVIDIA H100 80GB HBM3"},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, 64}, {4096, 4096, 32768}, {256, 256, 2048}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {1024, 1024, 2048}, "NVIDIA H100 80GB HBM3"},
     {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, 64}, {8192, 2048, 32768}, {256, 2048, 512}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };

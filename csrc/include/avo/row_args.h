@@ -78,12 +78,15 @@ AVO_HOST_DEVICE int64_t tiled_rows_per_chunk(int64_t rows, int64_t tiles, int64_
   return rows_per_wanted_chunk(rows, (kTiledBlocks + tiles - 1) / tiles, chunks);
 }
 // The tiled version in one kernel runs its blocks all at once, a tile of a chunk each:
-// about kOneKernelTiledBlocks (two a multiprocessor of an H100 or H200), so chunks of
-// kOneKernelTiledBlocks / tiles rows or more. A fixed number, not the GPU's: the chunks
-// fix the order of the per-column sums.
-constexpr int64_t kOneKernelTiledBlocks = 256;
-AVO_HOST_DEVICE int64_t one_kernel_tiled_rows_per_chunk(int64_t rows, int64_t tiles, int64_t chunks) {
-  const int64_t wanted = kOneKernelTiledBlocks / tiles;
+// about 128 multiprocessors' worth (an H100 or H200 has 132), at the kernel's blocks a
+// multiprocessor (two or three, by the op: kOneKernelTiledBlocksPerMultiprocessor in
+// avo/row_cuda.cuh), so 128 * blocks_per_multiprocessor / tiles chunks of rows (fewer
+// where the rows or the partials are fewer). A number fixed by the op and the shape, not
+// the GPU: the chunks fix the order of the per-column sums.
+constexpr int64_t kOneKernelTiledMultiprocessors = 128;
+AVO_HOST_DEVICE int64_t one_kernel_tiled_rows_per_chunk(int64_t rows, int64_t tiles, int64_t chunks,
+                                                       int blocks_per_multiprocessor) {
+  const int64_t wanted = kOneKernelTiledMultiprocessors * blocks_per_multiprocessor / tiles;
   return rows_per_wanted_chunk(rows, wanted > 1 ? wanted : 1, chunks);
 }
 // The floats the tiled version takes after the partials, for its tile sums: in two

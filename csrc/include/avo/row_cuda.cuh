@@ -2358,26 +2358,96 @@ __global__ void __launch_bounds__(kTileThreads) tiled_rows_kernel(const Args arg
   }
 }
 
-// The blocks of the tiled version's one kernel that a multiprocessor holds at least (its
-// registers are bounded for as many): the kernel runs only where all its blocks
-// (kOneKernelTiledBlocks, avo/row_args.h) fit on the GPU at once.
-constexpr int kOneKernelTiledBlocksPerMultiprocessor = 2;
+// How the tiled version's one kernel holds the rows it has loaded ahead: where the math
+// has at most two per-element inputs, in shared memory, copied in with cp.async, three
+// blocks a multiprocessor (80 registers each); else in registers, two blocks a
+// multiprocessor (128 registers each). The kernel is bound by its instructions and the
+// waits between them more than by memory: on an H100 the registers' form issued an
+// instruction in 48% of a scheduler's cycles with 0.9 warps eligible, and rows staged
+// in shared memory freed the registers a third block needs: layernorm's, rmsnorm's and
+// swish_layernorm's backwards of 8192 to 262144 elements ran at 1.11x (1.00-1.26x),
+// layernorm's bf16 at 0.60-0.66 of copy instead of 0.52-0.62
+// (benchmarks/results/2026-12-06-h100-staged-one-kernel). With three inputs
+// (add_layernorm, add_rmsnorm) 80 registers spill up to 320 bytes in 16 bits (0.94-0.99x),
+// and staged rows at two blocks a multiprocessor did not pay either.
+template <typename Math>
+constexpr bool kStagedOneKernel = kElementInputCount<Math> <= 2;
+template <typename Math>
+constexpr int kOneKernelTiledBlocksPerMultiprocessor = kStagedOneKernel<Math> ? 3 : 2;
+// The shared memory of the staged form: kStagedOneKernelRows rows of this thread block's
+// tile of each per-element input.
+constexpr int kStagedOneKernelRows = 3;
+template <typename Math>
+constexpr size_t one_kernel_staged_bytes() {
+  return kStagedOneKernel<Math> ? size_t(kStagedOneKernelRows) * kElementInputCount<Math> * kTileVectors * kTileThreads * 16
+                                : 0;
+}
+
+// The staged form's rows: kStagedOneKernelRows slots in turn, each holding a tile of a row
+// of every per-element input, [slot][input][vector i][thread] in 16-byte vectors. Each
+// thread copies in and reads back only its own vectors, so cp.async's wait_group alone
+// (no block barrier) orders a slot's copy before its reads; the values read feed the
+// row's stores, issued before the copy that next fills the slot.
+template <typename T, typename Args, typename Math, int V>
+struct StagedTileRows {
+  static constexpr int kInputs = kElementInputCount<Math>, P = kTileVectors;
+  using Vectors = TileVectors<T, Args, V>;
+  static_assert(sizeof(Packed<T, V>) == 16, "the tiled version takes rows of 16-byte vectors");
+  uint4* slots;
+  const Args& args;
+  int64_t first_vector, vectors;
+
+  // Position of per-element input k among the per-element inputs.
+  __device__ __forceinline__ static constexpr int input_slot(int k) {
+    return __builtin_popcount(Math::kElementInputs & ((1u << k) - 1u));
+  }
+  __device__ __forceinline__ uint4* vector_at(int slot, int k, int i) const {
+    return slots + ((slot * kInputs + input_slot(k)) * P + i) * kTileThreads + threadIdx.x;
+  }
+  // Copies this thread's vectors of `row` into `slot` (none past the chunk's last row) as
+  // one cp.async group: every call commits one, so that the groups count rows.
+  __device__ __forceinline__ void copy_in(int64_t row, bool in_chunk, int slot) const {
+    if (in_chunk) {
+      AVO_UNROLL
+      for (int k = 0; k < Args::kInputs; ++k) {
+        if (!((Math::kElementInputs >> k) & 1u)) continue;
+        AVO_UNROLL
+        for (int i = 0; i < P; ++i) {
+          const int64_t v = first_vector + int64_t(i) * kTileThreads;
+          if (v < vectors) cp_async_16(vector_at(slot, k, i), static_cast<const T*>(args.inputs[k]) + row * args.length + v * V);
+        }
+      }
+    }
+    cp_async_commit();
+  }
+  __device__ __forceinline__ Vectors read(int slot) const {
+    Vectors out;
+    AVO_UNROLL
+    for (int k = 0; k < Args::kInputs; ++k) {
+      if (!((Math::kElementInputs >> k) & 1u)) continue;
+      AVO_UNROLL
+      for (int i = 0; i < P; ++i) out.v[k][i].load(reinterpret_cast<const T*>(vector_at(slot, k, i)));
+    }
+    return out;
+  }
+};
 
 // The tiled version in one kernel, where all its blocks fit on the GPU at once (a
 // cooperative launch): block b takes tile b % tiles of every row of chunk b / tiles, in
 // order. For row r it writes the tile's part of the reduction of row r + 1, then waits for
 // every tile's part of row r (TaggedPart) and runs the last pass over its tile of row r,
-// from the vectors it loaded two rows before and kept in registers: the row is read once,
-// where the two kernels read it twice, and the other tiles' parts of a row are written a
-// row before the block waits for them. Only the `tiles` blocks of a chunk wait for each
+// from the vectors it loaded two rows before (kept in shared memory or in registers:
+// kStagedOneKernel): the row is read once, where the two kernels read it twice, and the
+// other tiles' parts of a row are written a row before the block waits for them. Only the `tiles` blocks of a chunk wait for each
 // other, and each writes row r + 1's part before it waits for row r's, so no block waits
 // for one that waits for it. On an H100 it ran the backwards of 8192 to 262144 elements
 // at 0.97-1.44x the two kernels' speed (layernorm's bf16 at 1024x65536 1.10x, rmsnorm's
-// 1.35x); with the parts counted under a release and an acquire instead of tagged, the
-// release waited for the block's loads of the rows ahead and 2-sum backwards lost (the
-// H200, layernorm's bf16 at 16384 to 65536: 0.83-0.84x).
+// 1.35x; rows in registers, before the staged form); with the parts counted under a
+// release and an acquire instead of tagged, the release waited for the block's loads of
+// the rows ahead and 2-sum backwards lost (the H200, layernorm's bf16 at 16384 to
+// 65536: 0.83-0.84x).
 template <typename T, typename Args, typename Math, int V>
-__global__ void __launch_bounds__(kTileThreads, kOneKernelTiledBlocksPerMultiprocessor)
+__global__ void __launch_bounds__(kTileThreads, kOneKernelTiledBlocksPerMultiprocessor<Math>)
     one_kernel_tiled_rows_kernel(const Args args, const Math math, int64_t tiles, int64_t chunks,
                                  int64_t rows_per_chunk) {
   static_assert(kCanTile<Math>, "the tiled version takes backwards with per-column sums and one reduction pass");
@@ -2394,31 +2464,52 @@ __global__ void __launch_bounds__(kTileThreads, kOneKernelTiledBlocksPerMultipro
   const auto finish_row = [&](int64_t r, const Vectors& vectors) {
     math.template apply<PrecisionFor<T>>(Totals(args, r, tile, tiles, &sums, vectors));
   };
-  // One row's step: held = row r's vectors, next = row r + 1's, spare receives row r + 2's.
-  const auto step = [&](int64_t r, const Vectors& held, const Vectors& next, Vectors& spare) {
-    if (r + 2 < last) spare = Totals::load_vectors(args, r + 2, tile);
-    if (r + 1 < last) write_part(r + 1, next);
-    finish_row(r, held);
-  };
-  Vectors a, b, c;
-  if (first < last) a = Totals::load_vectors(args, first, tile);
-  if (first + 1 < last) b = Totals::load_vectors(args, first + 1, tile);
-  if (first < last) write_part(first, a);
-  // Unrolled by three so that the three row buffers stay in fixed registers.
-  for (int64_t r = first; r < last; r += 3) {
-    step(r, a, b, c);
-    if (r + 1 < last) step(r + 1, b, c, a);
-    if (r + 2 < last) step(r + 2, c, a, b);
+  if constexpr (kStagedOneKernel<Math>) {
+    extern __shared__ uint4 staged_tiles[];
+    const StagedTileRows<T, Args, Math, V> rows{staged_tiles, args, Totals::first_vector(tile), args.length / V};
+    static_assert(kStagedOneKernelRows == 3, "row r's step copies in row r + 2 over row r - 1");
+    rows.copy_in(first, first < last, 0);
+    rows.copy_in(first + 1, first + 1 < last, 1);
+    cp_async_wait<1>();
+    if (first < last) write_part(first, rows.read(0));
+    // Unrolled by three so that the slots are constants; row r is in slot (r - first) % 3.
+    for (int64_t r = first; r < last; r += 3) {
+      AVO_UNROLL
+      for (int j = 0; j < 3; ++j) {
+        if (r + j >= last) break;
+        rows.copy_in(r + j + 2, r + j + 2 < last, (j + 2) % 3);
+        cp_async_wait<1>();  // row r + j + 1's copies are in
+        if (r + j + 1 < last) write_part(r + j + 1, rows.read((j + 1) % 3));
+        finish_row(r + j, rows.read(j));
+      }
+    }
+  } else {
+    // One row's step: held = row r's vectors, next = row r + 1's, spare receives row r + 2's.
+    const auto step = [&](int64_t r, const Vectors& held, const Vectors& next, Vectors& spare) {
+      if (r + 2 < last) spare = Totals::load_vectors(args, r + 2, tile);
+      if (r + 1 < last) write_part(r + 1, next);
+      finish_row(r, held);
+    };
+    Vectors a, b, c;
+    if (first < last) a = Totals::load_vectors(args, first, tile);
+    if (first + 1 < last) b = Totals::load_vectors(args, first + 1, tile);
+    if (first < last) write_part(first, a);
+    // Unrolled by three so that the three row buffers stay in fixed registers.
+    for (int64_t r = first; r < last; r += 3) {
+      step(r, a, b, c);
+      if (r + 1 < last) step(r + 1, b, c, a);
+      if (r + 2 < last) step(r + 2, c, a, b);
+    }
   }
   if (first < last) write_tile_partials<Totals>(args, sums, chunk, chunks, tile);
 }
 
 // Whether the tiled version's one kernel runs a call: all its `blocks` fit on the GPU at
-// once, and its tagged parts are 8-byte aligned.
+// once with their shared memory, and its tagged parts are 8-byte aligned.
 template <typename Kernel>
-bool fits_one_kernel(Kernel kernel, int64_t blocks, const float* tile_sums, const DeviceInfo& device) {
-  return is_aligned(tile_sums, sizeof(unsigned long long)) &&
-         blocks <= int64_t(device.multiprocessors) * blocks_per_multiprocessor(kernel, kTileThreads, 0, device);
+bool fits_one_kernel(Kernel kernel, int64_t blocks, const float* tile_sums, size_t shared_bytes, const DeviceInfo& device) {
+  return is_aligned(tile_sums, sizeof(unsigned long long)) && allow_dynamic_shared_bytes(kernel, shared_bytes, device) &&
+         blocks <= int64_t(device.multiprocessors) * blocks_per_multiprocessor(kernel, kTileThreads, shared_bytes, device);
 }
 
 // Launches the tiled version's kernels, one from `one_kernel_min_vectors` vectors on (or
@@ -2431,10 +2522,12 @@ int64_t launch_tiled_rows(const Args& args, const Math& math, int64_t vectors, i
   const bool one_wanted = forced_kernels == TiledKernels::kAuto ? vectors >= one_kernel_min_vectors
                                                                 : forced_kernels == TiledKernels::kOne;
   if (one_wanted) {
-    const int64_t rows_per_chunk = one_kernel_tiled_rows_per_chunk(args.rows, tiles, args.chunks);
+    const int64_t rows_per_chunk =
+        one_kernel_tiled_rows_per_chunk(args.rows, tiles, args.chunks, kOneKernelTiledBlocksPerMultiprocessor<Math>);
     const int64_t chunks = (args.rows + rows_per_chunk - 1) / rows_per_chunk;
     const auto kernel = one_kernel_tiled_rows_kernel<T, Args, Math, V>;
-    if (fits_one_kernel(kernel, chunks * tiles, args.tile_sums, device)) {
+    constexpr size_t shared_bytes = one_kernel_staged_bytes<Math>();
+    if (fits_one_kernel(kernel, chunks * tiles, args.tile_sums, shared_bytes, device)) {
       cudaMemsetAsync(args.tile_sums, 0, size_t(tiled_one_kernel_part_bytes(args.rows, tiles)), stream);
       cudaLaunchAttribute cooperative[1] = {};
       cooperative[0].id = cudaLaunchAttributeCooperative;
@@ -2442,6 +2535,7 @@ int64_t launch_tiled_rows(const Args& args, const Math& math, int64_t vectors, i
       cudaLaunchConfig_t config = {};
       config.gridDim = dim3(unsigned(chunks * tiles));
       config.blockDim = dim3(unsigned(kTileThreads));
+      config.dynamicSmemBytes = shared_bytes;
       config.stream = stream;
       config.attrs = cooperative;
       config.numAttrs = 1;
