@@ -1271,6 +1271,22 @@ struct TaggedPart {
   __device__ __forceinline__ static float value(unsigned long long tagged) { return __uint_as_float(unsigned(tagged)); }
 };
 
+// Calls visit(k, i, v) for each per-element input k of Math and each of this thread's
+// vectors i of a tile whose first is the row's vector `first` (TiledRow::first_vector):
+// the row's vector v = first + i * kTileThreads, where v < vectors.
+template <typename Math, int kInputs, typename Visit>
+__device__ __forceinline__ void each_tile_vector(int64_t first, int64_t vectors, Visit visit) {
+  AVO_UNROLL
+  for (int k = 0; k < kInputs; ++k) {
+    if (!((Math::kElementInputs >> k) & 1u)) continue;
+    AVO_UNROLL
+    for (int i = 0; i < kTileVectors; ++i) {
+      const int64_t v = first + int64_t(i) * kTileThreads;
+      if (v < vectors) visit(k, i, v);
+    }
+  }
+}
+
 // A thread's vectors of a tile of a row (TiledRow): of every per-element input.
 template <typename T, typename Args, int V>
 struct TileVectors {
@@ -1335,16 +1351,9 @@ struct TiledRow : RowView<T, Args>,
   }
   __device__ __forceinline__ static Vectors load_vectors(const Args& args, int64_t row, int64_t tile) {
     Vectors out;
-    const int64_t vectors = args.length / V, first = first_vector(tile);
-    AVO_UNROLL
-    for (int k = 0; k < Args::kInputs; ++k) {
-      if (!((Math::kElementInputs >> k) & 1u)) continue;
-      AVO_UNROLL
-      for (int i = 0; i < P; ++i) {
-        const int64_t v = first + int64_t(i) * kTileThreads;
-        if (v < vectors) out.v[k][i].load(static_cast<const T*>(args.inputs[k]) + row * args.length + v * V);
-      }
-    }
+    each_tile_vector<Math, Args::kInputs>(first_vector(tile), args.length / V, [&](int k, int i, int64_t v) {
+      out.v[k][i].load(static_cast<const T*>(args.inputs[k]) + row * args.length + v * V);
+    });
     return out;
   }
 
@@ -2407,17 +2416,10 @@ struct StagedTileRows {
   // Copies this thread's vectors of `row` into `slot` (none past the chunk's last row) as
   // one cp.async group: every call commits one, so that the groups count rows.
   __device__ __forceinline__ void copy_in(int64_t row, bool in_chunk, int slot) const {
-    if (in_chunk) {
-      AVO_UNROLL
-      for (int k = 0; k < Args::kInputs; ++k) {
-        if (!((Math::kElementInputs >> k) & 1u)) continue;
-        AVO_UNROLL
-        for (int i = 0; i < P; ++i) {
-          const int64_t v = first_vector + int64_t(i) * kTileThreads;
-          if (v < vectors) cp_async_16(vector_at(slot, k, i), static_cast<const T*>(args.inputs[k]) + row * args.length + v * V);
-        }
-      }
-    }
+    if (in_chunk)
+      each_tile_vector<Math, Args::kInputs>(first_vector, vectors, [&](int k, int i, int64_t v) {
+        cp_async_16(vector_at(slot, k, i), static_cast<const T*>(args.inputs[k]) + row * args.length + v * V);
+      });
     cp_async_commit();
   }
   __device__ __forceinline__ Vectors read(int slot) const {
@@ -2438,9 +2440,9 @@ struct StagedTileRows {
 // every tile's part of row r (TaggedPart) and runs the last pass over its tile of row r,
 // from the vectors it loaded two rows before (kept in shared memory or in registers:
 // kStagedOneKernel): the row is read once, where the two kernels read it twice, and the
-// other tiles' parts of a row are written a row before the block waits for them. Only the `tiles` blocks of a chunk wait for each
-// other, and each writes row r + 1's part before it waits for row r's, so no block waits
-// for one that waits for it. On an H100 it ran the backwards of 8192 to 262144 elements
+// other tiles' parts of a row are written a row before the block waits for them. Only
+// the `tiles` blocks of a chunk wait for each other, and each writes row r + 1's part
+// before it waits for row r's, so no block waits for one that waits for it. On an H100 it ran the backwards of 8192 to 262144 elements
 // at 0.97-1.44x the two kernels' speed (layernorm's bf16 at 1024x65536 1.10x, rmsnorm's
 // 1.35x; rows in registers, before the staged form); with the parts counted under a
 // release and an acquire instead of tagged, the release waited for the block's loads of
