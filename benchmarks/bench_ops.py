@@ -44,14 +44,15 @@ bf16,fp16,fp32, --no-compile, --no-liger, --no-avo (only the baselines; no avo_o
 Timing: --reps N (default 50), --warmup N (default 10).
 
 Outputs: --out DIR writes DIR/results.json (GPU, versions, the avo_ops commit (--commit
-LABEL, else `git describe` of the checkout), date, command, copy bandwidth,
-every measurement with its median time, GB/s, fraction of copy and first-call time),
-DIR/results.md (summary and per-op tables) and DIR/plots/<op>_<dir>.png (GB/s against row
-length, one line per implementation, one panel per dtype; needs matplotlib, see
-requirements-bench.txt; --no-plots to skip). --json PATH and --markdown PATH write those two
-files elsewhere. The JSON is rewritten after every case, so a killed run leaves what it
-measured; on SIGTERM or Ctrl-C the run stops and writes all reports of the cases done
-("complete": false). `python benchmarks/bench_report.py DIR/results.json` redraws the
+LABEL, else `git describe` of the checkout), date, command, copy bandwidth, every
+measurement with its median time, GB/s, fraction of copy and first-call time, and for a
+row op the CUDA kernel version avo's call took), DIR/results.md (summary, the performance
+targets and the rows that miss them, per-op tables) and DIR/plots/<op>_<dir>.png (GB/s
+against row length, one line per implementation, one panel per dtype; needs matplotlib,
+see requirements-bench.txt; --no-plots to skip). --json PATH and --markdown PATH write
+those two files elsewhere. The JSON is rewritten after every case, so a killed run leaves
+what it measured; on SIGTERM or Ctrl-C the run stops and writes all reports of the cases
+done ("complete": false). `python benchmarks/bench_report.py DIR/results.json` redraws the
 tables and plots from a saved JSON, without a GPU.
 
 Progress: a tqdm bar on stderr counting cases and naming the current one, with one result
@@ -411,7 +412,7 @@ def bench_case(planned: Planned, impls: Sequence[Impl], timer: Timer, copy_gbps,
     row = {"op": case.op, "dir": case.direction, "shape": list(shape),
            "rows": planned.rows, "row_length": planned.row_length,
            "dtype": SHORT_DTYPE[dtype], "bytes": planned.nbytes, "buffers": None,
-           "results": {}, "check": None}
+           "results": {}, "check": None, "kernel": None}
     try:
         arg_sets = input_sets(case, shape, dtype)
         probe, count = arg_sets[0], len(arg_sets)
@@ -433,6 +434,8 @@ def bench_case(planned: Planned, impls: Sequence[Impl], timer: Timer, copy_gbps,
             stats, out = measure_impl(impl, probe, arg_sets, planned.nbytes, timer, copy_gbps)
             log(f"{tag}: {stats['gbps']:.0f} GB/s ({stats['median_us']:.1f} us, "
                 f"{count} buffers)")
+            if impl.name == "avo":
+                row["kernel"] = avo_kernel(case)
             if impl.name in ("avo", "liger"):
                 stats["check"] = check_against(reference, out, dtype)
                 if not stats["check"]["ok"]:
@@ -448,6 +451,22 @@ def bench_case(planned: Planned, impls: Sequence[Impl], timer: Timer, copy_gbps,
     del arg_sets, probe, reference
     torch.cuda.empty_cache()
     return row
+
+
+def avo_kernel(case: Case) -> Optional[str]:
+    """The CUDA kernel version avo's last call of a row op took ("register", "cluster 256",
+    "tiled one", ...: the row version, with a cluster row's block threads and the tiled
+    version's kernels); None for the elementwise ops, which have no row versions."""
+    if case.op in bench_report.ELEMENTWISE_OPS:
+        return None
+    import avo_ops  # loaded already: its call just ran
+    ext = avo_ops._C
+    version = ext.last_row_version()
+    if version == "cluster":
+        return f"cluster {ext.last_cluster_block_threads()}"
+    if version == "tiled":
+        return f"tiled {ext.last_tiled_kernels()}"
+    return version
 
 
 def measure_impl(impl: Impl, probe, arg_sets, nbytes: int, timer: Timer, copy_gbps):

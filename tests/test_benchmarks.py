@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import torch
+from conftest import needs_cuda
 
 import avo_ops  # noqa: F401  (registers torch.ops.avo, which the cases call)
 
@@ -234,6 +235,86 @@ def test_by_length_table_splits_the_rows_at_16384():
     assert table[3] == f"| gelu | 0.25–0.50 | 0.75–0.75 | – | – | {mean} / – |"
     assert len(table) == 4
     assert "## By row length" in bench_report.markdown_report(synthetic_results())
+
+
+def test_misses_table_names_each_row_under_a_target_with_its_kernel():
+    """Synthetic avo at 0.25/0.50/0.75 of copy misses every copy target; against Liger's
+    2500 GB/s (layernorm, N < 65536) it is 0.40x and 0.80x, against compile's 2000 (gelu)
+    0.50x at N = 256, so those rows also miss "best". The kernel a row recorded is shown,
+    "–" where it has none (gelu; runs from before the record)."""
+    results = synthetic_results()
+    for row in results["rows"]:
+        if row["op"] == "layernorm":
+            row["kernel"] = "cluster 256" if row["row_length"] == 65536 else "register"
+    table = bench_report.misses_table(results)
+    assert table[0] == "| op | dir | dtype | N | avo/copy | avo vs best | misses | avo kernel |"
+    body = table[2:]
+    assert len(body) == 18
+    assert body[0] == "| layernorm | fwd | bf16 | 256 | 0.250 | 0.40x | copy, best | register |"
+    assert body[1] == "| layernorm | fwd | bf16 | 4096 | 0.500 | 0.80x | copy, best | register |"
+    assert body[2] == "| layernorm | fwd | bf16 | 65536 | 0.750 | 1.50x | copy | cluster 256 |"
+    assert body[6] == "| layernorm | bwd | bf16 | 256 | 0.250 | 0.40x | copy, best | register |"
+    assert body[12] == "| gelu | fwd | bf16 | 256 | 0.250 | 0.50x | copy, best | – |"
+    assert body[13] == "| gelu | fwd | bf16 | 4096 | 0.500 | 1.00x | copy | – |"
+    assert "## Rows that miss a target" in bench_report.markdown_report(results)
+
+
+def test_misses_table_of_rows_that_meet_every_target():
+    """A backward at exactly 0.80 of copy and 0.97x the best other meets both targets; a
+    forward at 0.89 misses its copy target only."""
+    results = synthetic_results()
+    for row in results["rows"]:
+        row["results"]["avo"]["frac_copy"] = 0.80 if row["dir"] == "bwd" else 0.95
+        row["speedup_vs_best_other"] = 0.97
+    assert bench_report.misses_table(results) == ["Every row meets the targets."]
+    results["rows"][0]["results"]["avo"]["frac_copy"] = 0.89
+    assert bench_report.misses_table(results)[2:] == [
+        "| layernorm | fwd | bf16 | 256 | 0.890 | 0.97x | copy | – |"]
+
+
+def test_avo_kernel_names_the_row_version_with_its_blocks_or_kernels(monkeypatch):
+    """The label bench_ops records for a row op's avo call, from what the extension says
+    the call took; the elementwise ops have no row version."""
+    ext = avo_ops._C
+    monkeypatch.setattr(ext, "last_cluster_block_threads", lambda: 256)
+    monkeypatch.setattr(ext, "last_tiled_kernels", lambda: "one")
+    layernorm = bench_cases.find_case("layernorm", "bwd")
+    for version, label in (("cluster", "cluster 256"), ("tiled", "tiled one"), ("wide", "wide"),
+                           ("register", "register")):
+        monkeypatch.setattr(ext, "last_row_version", lambda version=version: version)
+        assert bench_ops.avo_kernel(layernorm) == label
+    assert bench_ops.avo_kernel(bench_cases.find_case("gelu", "fwd")) is None
+
+
+@needs_cuda
+@pytest.mark.parametrize("version", ["cluster", "tiled", "register"])
+def test_bench_case_records_the_kernel_its_avo_call_took(version):
+    """On the GPU: a layernorm backward forced onto a version records that version (with
+    the cluster rows' block threads and the tiled version's kernels), as the extension
+    reports it right after the call; gelu records none."""
+    if version == "cluster" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the cluster rows need sm_90")
+    timer = bench_ops.Timer(reps=2, warmup=1)
+    notices = bench_ops.Notices()
+    case = bench_cases.find_case("layernorm", "bwd")
+    # register rows with parameter gradients hold up to 8192 bf16 elements
+    planned = bench_ops.Planned(case, torch.bfloat16, (64, 4096 if version == "register" else 16384))
+    avo_ops._C.set_row_version(version)
+    try:
+        row = bench_ops.bench_case(planned, bench_ops.case_impls(case, ["avo"], {}), timer, 4000.0, notices)
+    finally:
+        avo_ops._C.set_row_version("auto")
+    assert row["check"]["ok"], row
+    assert avo_ops._C.last_row_version() == version
+    assert row["kernel"].split()[0] == version
+    if version == "cluster":
+        assert row["kernel"] == f"cluster {avo_ops._C.last_cluster_block_threads()}"
+    if version == "tiled":
+        assert row["kernel"] == f"tiled {avo_ops._C.last_tiled_kernels()}"
+    gelu = bench_cases.find_case("gelu", "fwd")
+    row = bench_ops.bench_case(bench_ops.Planned(gelu, torch.bfloat16, (64, 1024)),
+                               bench_ops.case_impls(gelu, ["avo"], {}), timer, 4000.0, notices)
+    assert row["kernel"] is None
 
 
 def test_baselines_from_another_run_fill_the_missing_implementations(tmp_path):
