@@ -440,6 +440,28 @@ def test_compare_runs_divides_by_each_runs_copy_and_takes_the_geomean(tmp_path):
     assert "gelu" not in text
 
 
+def test_compare_runs_shows_the_kernel_each_run_took_where_they_recorded_it(tmp_path):
+    """With kernels recorded: the same kernel once, a changed one as "before -> after", "–"
+    where a run has none; without any, no kernel column (runs from before the record)."""
+    a, b, c = (("layernorm", "bwd", "bf16", (4, n)) for n in (8, 16, 32))
+    before = json.loads(open(_run_json(tmp_path / "b.json", 1000.0, {a: 500.0, b: 500.0, c: 500.0})).read())
+    after = json.loads(open(_run_json(tmp_path / "a.json", 1000.0, {a: 500.0, b: 600.0, c: 500.0})).read())
+    for run, kernels in ((before, ("cluster 256", "tiled two", None)), (after, ("cluster 256", "tiled one", "register"))):
+        for row, kernel in zip(run["rows"], kernels):
+            row["kernel"] = kernel
+    (tmp_path / "b.json").write_text(json.dumps(before))
+    (tmp_path / "a.json").write_text(json.dumps(after))
+    lines = compare_runs.compare(*(compare_runs.load_cases(str(tmp_path / f)) for f in ("b.json", "a.json")),
+                                 *(compare_runs.load_kernels(str(tmp_path / f)) for f in ("b.json", "a.json")))
+    assert lines[0].endswith("| after / before | avo kernel |")
+    assert lines[2] == "| layernorm | bwd | bf16 | 4x8 | 0.50 | 0.50 | 1.000 | cluster 256 |"
+    assert lines[3] == "| layernorm | bwd | bf16 | 4x16 | 0.50 | 0.60 | 1.200 | tiled two -> tiled one |"
+    assert lines[4] == "| layernorm | bwd | bf16 | 4x32 | 0.50 | 0.50 | 1.000 | – -> register |"
+    plain = compare_runs.compare(compare_runs.load_cases(str(tmp_path / "b.json")),
+                                 compare_runs.load_cases(str(tmp_path / "a.json")))
+    assert plain[2] == "| layernorm | bwd | bf16 | 4x8 | 0.50 | 0.50 | 1.000 |"
+
+
 def test_merge_runs_keeps_each_runs_fractions_in_case_order_and_rejects_a_case_twice(tmp_path):
     """Runs of different cases become one file: rows in bench_cases order (layernorm's
     forward before its backward, gelu before both), each with its own run's fraction of
