@@ -19,28 +19,28 @@ import sys
 from typing import Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_report import geomean  # noqa: E402
+from bench_report import case_key, geomean  # noqa: E402
+
+
+def run_rows(path: str) -> list[dict]:
+    with open(path) as f:
+        return json.load(f)["rows"]
 
 
 def load_cases(path: str) -> dict[tuple, float]:
     """(op, dir, dtype, shape) -> avo's fraction of the run's copy bandwidth."""
-    with open(path) as f:
-        run = json.load(f)
     cases = {}
-    for row in run["rows"]:
+    for row in run_rows(path):
         avo = row.get("results", {}).get("avo")
         if avo and avo.get("frac_copy"):
-            cases[(row["op"], row["dir"], row["dtype"], tuple(row["shape"]))] = avo["frac_copy"]
+            cases[case_key(row)] = avo["frac_copy"]
     return cases
 
 
 def load_kernels(path: str) -> dict[tuple, str]:
     """(op, dir, dtype, shape) -> the row-kernel version avo's call took, for the cases
     whose run recorded one (bench_ops.avo_kernel)."""
-    with open(path) as f:
-        run = json.load(f)
-    return {(row["op"], row["dir"], row["dtype"], tuple(row["shape"])): row["kernel"]
-            for row in run["rows"] if row.get("kernel")}
+    return {case_key(row): row["kernel"] for row in run_rows(path) if row.get("kernel")}
 
 
 def kernel_cell(before: Optional[str], after: Optional[str]) -> str:
