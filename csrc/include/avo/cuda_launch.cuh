@@ -59,10 +59,19 @@ __device__ __forceinline__ T load_readonly(const T* p) {
   }
 }
 
+// One 16-byte store; kStreaming: with the evict-first hint (st.global.cs), for outputs
+// that no kernel of the call reads back (store_vec).
+template <bool kStreaming>
+__device__ __forceinline__ void store_16(void* p, uint4 bits) {
+  if constexpr (kStreaming) __stcs(static_cast<uint4*>(p), bits);
+  else *static_cast<uint4*>(p) = bits;
+}
+
 // A 16-byte vector is stored as one uint4, 16-bit elements packed in pairs first: a
 // plain struct store of elements written one by one is split by the compiler into 2-
-// and 4-byte stores, 4 to 8 store instructions instead of one.
-template <int V, typename T>
+// and 4-byte stores, 4 to 8 store instructions instead of one. kStreaming as in
+// store_16 (16-byte vectors only).
+template <int V, bool kStreaming = false, typename T>
 __device__ __forceinline__ void store_vec(T* p, const Vec<T, V>& value) {
   if constexpr (sizeof(Vec<T, V>) == sizeof(uint4) && sizeof(T) == 2) {
     unsigned words[4];
@@ -73,11 +82,11 @@ __device__ __forceinline__ void store_vec(T* p, const Vec<T, V>& value) {
       memcpy(&high, &value.v[2 * i + 1], 2);
       words[i] = unsigned(low) | (unsigned(high) << 16);
     }
-    *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
+    store_16<kStreaming>(p, make_uint4(words[0], words[1], words[2], words[3]));
   } else if constexpr (sizeof(Vec<T, V>) == sizeof(uint4)) {
     uint4 bits;
     memcpy(&bits, &value, sizeof(bits));
-    *reinterpret_cast<uint4*>(p) = bits;
+    store_16<kStreaming>(p, bits);
   } else {
     *reinterpret_cast<Vec<T, V>*>(p) = value;
   }
