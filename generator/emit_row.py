@@ -222,8 +222,9 @@ class RowProgram:
         (a pass over the row and one exchange between its threads, but for moments):
           - ("moments", [total, squares]): sum(e), then the sum of the squares of
             e - sum(e) / N at the next level, as one call (`row.moments`: one pass where
-            the row type merges per-thread moments, else two; Reductions::moments in
-            avo/row_cuda.cuh);
+            the row type merges per-thread moments or, in the 16-bit cluster rows that
+            keep no values, sums the squares with the terms; else two;
+            Reductions::moments in avo/row_cuda.cuh);
           - ("sums", [...]): the sums of one level (one pass, one exchange);
           - ("squares", [r]): a sum of e * e alone, as `row.sum_squares(term = e)`
             (each square added in one fused multiply-add on the GPU);

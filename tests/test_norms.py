@@ -36,6 +36,7 @@ does), so the only errors left are the kernels' own:
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 from pathlib import Path
 
@@ -448,6 +449,25 @@ def test_large_offset_on_every_kernel_version(name, dtype, length, row_version):
     tensors = make_inputs(op, (6, length), dtype, "cuda", offset=1e3)
     tensors[0][:, ::16] += 1e2
     check_large_offset(op, tensors, dtype, 1e3 + 1e2)
+
+
+# The 16-bit cluster rows that keep no values (layernorm's, add_layernorm's, channel_norm's
+# without swish) take the variance from one pass's sum and sum of squares where the row's
+# mean lies within about 8 standard deviations of zero (kOnePassMomentsBound), and make a
+# second pass about the mean beyond: rows whose normalized values have their mean at 7 and
+# at 9 standard deviations, one on each side of the bound, on every GPU kernel version
+# (swish_layernorm's, which keep their values, for the two passes).
+@needs_cuda
+@pytest.mark.parametrize("row_version", ROW_VERSIONS, indirect=True)
+@pytest.mark.parametrize("length", [1000, 4096, 65536], ids=str)
+@pytest.mark.parametrize("deviations", [7.0, 9.0], ids=["7sd", "9sd"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("name", ["layernorm", "swish_layernorm", "add_layernorm"])
+def test_offsets_beside_the_one_pass_bound(name, dtype, deviations, length, row_version):
+    op = OPS[name]
+    spread = math.sqrt(len(op.elems))  # add_layernorm normalizes x + residual, two unit normals
+    tensors = make_inputs(op, (6, length), dtype, "cuda", offset=deviations * spread)
+    check_values(op, tensors, dtype)
 
 
 # Every GPU kernel version on softmax rows at the edges of its maximum and sum: the

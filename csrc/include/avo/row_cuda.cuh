@@ -478,6 +478,15 @@ struct SquaresPlus {
   __device__ float operator()(float a, float b) const { return a + b; }
   __device__ float accumulate(float partial, float term) const { return fmaf(term, term, partial); }
 };
+// Adds one element's terms to a thread's K partial sums: term k itself, or its square
+// (one fused multiply-add) where bit k of kSquares is set (RegisterRow::reduce_sums, for
+// Reductions::moments in one pass).
+template <unsigned kSquares, int K>
+__device__ __forceinline__ void add_terms(float (&sums)[K], const float (&terms)[K]) {
+  AVO_UNROLL
+  for (int k = 0; k < K; ++k) sums[k] = (kSquares >> k) & 1u ? fmaf(terms[k], terms[k], sums[k]) : sums[k] + terms[k];
+}
+
 // A row's maximum and minimum propagate NaN, as Functions::maximum and minimum do: from
 // sm_80 on in one instruction (max.NaN), where those take a compare, a NaN test and a
 // select per element. Which zero a tie of -0 and +0 gives is left open (torch's amax too).
@@ -503,6 +512,12 @@ using Min = Extremum<false>;
 
 // sum, max and min over a row, for a row type that provides reduce<M>(term, combine,
 // identity); M lists the per-column inputs the pass reads (Columns, avo/row_args.h).
+// Reductions::moments: the most that a row's sum of squared terms may exceed the sum of
+// their squared deviations from the mean (m2) by, for m2 to be taken from the two sums of
+// one pass (Row::kOnePassMoments), in 16-bit kernels, whose results are rounded to 11 or
+// 8 bits.
+constexpr float kOnePassMomentsBound = 64.0f;
+
 template <typename Row>
 struct Reductions {
   template <unsigned M, typename F>
@@ -524,18 +539,38 @@ struct Reductions {
   // The sum of term over the row (out[0]) and the sum of the squares of its deviations
   // from their mean (out[1]). A row type whose every pass reads the row from memory
   // (kMergesMoments: GlobalRow) merges per-thread Moments, one pass and one exchange
-  // (reduce_moments); the others make two passes, the sum and then the squares about the
-  // mean: with the values at hand, two exchanges of one value cost less than one of
-  // Moments (on the H200 merging lost up to 27% on register and cluster rows). The second
-  // pass reads back the values the first one kept (reduce<M, true>).
+  // (reduce_moments); on the H200 merging them lost up to 27% on the register and
+  // cluster rows, which hold the values. The 16-bit cluster rows that keep no values
+  // (kOnePassMoments) instead sum the terms and their squares in one pass and one exchange
+  // of two sums, and take m2 = squares - sum^2 / n where that cancels little: where
+  // squares <= kOnePassMomentsBound * m2, it loses at most log2 of the bound in bits
+  // (6: within the rounding to 16 bits that follows). Elsewhere (a row far from zero
+  // against its spread, a NaN or an infinity), and in the other rows, they make a second
+  // pass over the squares about the mean, reading back the values the first one kept
+  // (reduce<M, true>). Every thread of a row holds the same sums, so the whole row (the
+  // whole cluster) takes the same branch.
   static constexpr bool kMergesMoments = false;
+  static constexpr bool kOnePassMoments = false;
   template <unsigned M, typename F>
   __device__ __forceinline__ void moments(Columns<M> columns, float (&out)[2], F term) const {
     if constexpr (Row::kMergesMoments) {
       self().template reduce_moments<M>(term, out);
     } else {
-      out[0] = sum(columns, term);
-      const float mean = out[0] / float(self().length());
+      const float length = float(self().length());
+      if constexpr (Row::kOnePassMoments) {
+        float sums[2];
+        self().template reduce_sums<M, 2, 0x2u>([&](const auto& at, float* terms) { terms[0] = terms[1] = term(at); },
+                                                 sums);
+        out[0] = sums[0];
+        const float m2 = sums[1] - sums[0] * (sums[0] / length);
+        if (sums[1] <= kOnePassMomentsBound * m2) {  // false for a NaN
+          out[1] = m2;
+          return;
+        }
+      } else {
+        out[0] = sum(columns, term);
+      }
+      const float mean = out[0] / length;
       out[1] = self().template reduce<M, true>([&](const auto& at) { return term(at) - mean; }, SquaresPlus{}, 0.0f);
     }
   }
@@ -698,6 +733,9 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
   // register rows keep the block's barrier: with named ones softmax's 16-bit forward at
   // 16384x4096 (groups of 128 threads) lost 4-5%.
   static constexpr bool kBlockBarrier = Math::kColumnSums == 0;
+  // Cluster rows of 16-bit kernels that keep no values take a row's moments in one pass
+  // (Reductions::moments): one exchange of the cluster fewer.
+  static constexpr bool kOnePassMoments = kClustered && sizeof(T) == 2 && Math::kKeptValues == 0;
 
   // This thread's vectors of every per-element input of a row (zero where it has none),
   // and the row's values of the per-row inputs the forward saved (Math::kSavedInputs).
@@ -870,7 +908,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
     return group_reduce<false, kBlockBarrier>(partial, combine, group_threads);
   }
 
-  template <unsigned M, int K, typename F>
+  template <unsigned M, int K, unsigned kSquares = 0u, typename F>
   __device__ __forceinline__ void reduce_sums(F terms_at, float (&out)[K]) const {
     AVO_UNROLL
     for (int k = 0; k < K; ++k) out[k] = 0.0f;
@@ -879,8 +917,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
       for (int j = 0; j < V; ++j) {
         float terms[K];
         terms_at(At{*this, i, j, cols, nullptr}, terms);
-        AVO_UNROLL
-        for (int k = 0; k < K; ++k) out[k] += terms[k];
+        add_terms<kSquares>(out, terms);
       }
     });
     if constexpr (kClustered) {
