@@ -556,13 +556,12 @@ struct Reductions {
     if constexpr (Row::kMergesMoments) {
       self().template reduce_moments<M>(term, out);
     } else {
-      const float length = float(self().length());
       if constexpr (Row::kOnePassMoments) {
         float sums[2];
         self().template reduce_sums<M, 2, 0x2u>([&](const auto& at, float* terms) { terms[0] = terms[1] = term(at); },
                                                  sums);
         out[0] = sums[0];
-        const float m2 = sums[1] - sums[0] * (sums[0] / length);
+        const float m2 = sums[1] - sums[0] * (sums[0] / float(self().length()));
         if (sums[1] <= kOnePassMomentsBound * m2) {  // false for a NaN
           out[1] = m2;
           return;
@@ -570,7 +569,7 @@ struct Reductions {
       } else {
         out[0] = sum(columns, term);
       }
-      const float mean = out[0] / length;
+      const float mean = out[0] / float(self().length());
       out[1] = self().template reduce<M, true>([&](const auto& at) { return term(at) - mean; }, SquaresPlus{}, 0.0f);
     }
   }
