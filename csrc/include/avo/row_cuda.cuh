@@ -478,13 +478,13 @@ struct SquaresPlus {
   __device__ float operator()(float a, float b) const { return a + b; }
   __device__ float accumulate(float partial, float term) const { return fmaf(term, term, partial); }
 };
-// Adds one element's terms to a thread's K partial sums: term k itself, or its square
-// (one fused multiply-add) where bit k of kSquares is set (RegisterRow::reduce_sums, for
-// Reductions::moments in one pass).
+// Adds one element's terms to a thread's K partial sums: as Plus, or as SquaresPlus where
+// bit k of kSquares is set (RegisterRow::reduce_sums, for Reductions::moments in one pass).
 template <unsigned kSquares, int K>
 __device__ __forceinline__ void add_terms(float (&sums)[K], const float (&terms)[K]) {
   AVO_UNROLL
-  for (int k = 0; k < K; ++k) sums[k] = (kSquares >> k) & 1u ? fmaf(terms[k], terms[k], sums[k]) : sums[k] + terms[k];
+  for (int k = 0; k < K; ++k)
+    sums[k] = (kSquares >> k) & 1u ? SquaresPlus{}.accumulate(sums[k], terms[k]) : Plus{}.accumulate(sums[k], terms[k]);
 }
 
 // A row's maximum and minimum propagate NaN, as Functions::maximum and minimum do: from
