@@ -1,5 +1,8 @@
-"""Shared test parameters: devices and dtypes, and the per-dtype tolerances."""
+"""Shared test parameters: devices and dtypes, the per-dtype tolerances, and the CUDA row
+kernel versions a test can force its calls onto."""
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -30,3 +33,31 @@ def dtype(request):
 
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+# The CUDA row kernel versions (avo/row_cuda.cuh) a test forces every call onto
+# (avo_ops._C.set_row_version), and "auto", the dispatch table's choice. The tiled
+# version, for backwards with per-column sums only, is added where a test runs those.
+ROW_VERSIONS = ("register", "pipelined", "wide", "narrow", "staged", "cluster", "global", "auto")
+
+
+@contextlib.contextmanager
+def forced(setter, name):
+    """A choice of the CUDA row kernels (avo_ops._C.set_row_version, set_chunk_size,
+    set_cluster_blocks or set_tiled_kernels) forced to `name` for the block, then given back
+    to the table ('auto')."""
+    setter(name)
+    try:
+        yield
+    finally:
+        setter("auto")
+
+
+@pytest.fixture
+def row_version(request):
+    """Every call of the test forced onto the version `request.param` (where the call can
+    take it: a row too long for registers or shared memory takes the next one)."""
+    import avo_ops  # here, not above: the generator's tests run without the built extension
+
+    with forced(avo_ops._C.set_row_version, request.param):
+        yield request.param

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import avo_ops
-from conftest import TOLERANCES
+from conftest import ROW_VERSIONS, TOLERANCES, needs_cuda
 
 FP32_EPS = torch.finfo(torch.float32).eps
 
@@ -148,3 +148,89 @@ def test_errors_name_the_op_and_argument(device):
         torch.ops.avo.channel_norm(torch.randn(5, device=device))
     with pytest.raises(TypeError, match=r"avo::channel_norm: argument 'x' has dtype float64"):
         torch.ops.avo.channel_norm(torch.randn(2, 3, 4, dtype=torch.float64, device=device))
+
+
+# ---------------------------------------------------------------------------------
+# Every CUDA kernel version (avo/row_cuda.cuh) on channel_norm's rows: one row per
+# (batch, channel), as long as the spatial size. The lengths run from one vector to the
+# cluster rows (65536, 262144: clusters of blocks share a row), which the spatial sizes
+# of image models reach; 600 rows of 8 and of 1024 give the per-channel finish of the
+# parameter gradients many rows a channel.
+# ---------------------------------------------------------------------------------
+
+VERSION_SHAPES = [(8, 75, 8), (4, 150, 32, 32), (2, 3, 128, 128), (1, 5, 256, 256), (1, 2, 512, 512)]
+
+
+def check_values_and_gradients(x, gamma, beta, swish, offset=0.0):
+    """Forward and the gradients of x, gamma and beta against float64. The absolute
+    tolerances scale with the terms each result is computed from: the normalized
+    values (plus beta, plus the error of a mean of values of size `offset`) for y;
+    rstd * max|grad_y * gamma| * (2 + max|x_hat|), times swish's largest slope, for
+    grad x; the rows' sums of grad_y * x_hat and of grad_y for gamma and beta."""
+    dtype = x.dtype
+    grad_y = torch.randn(x.shape, dtype=torch.float64).to(dtype=dtype, device=x.device)
+    leaves = [t.detach().clone().requires_grad_(True) for t in (x, gamma, beta)]
+    y = torch.ops.avo.channel_norm(*leaves, 1e-5, swish)
+    got = torch.autograd.grad(y, leaves, grad_y)
+
+    leaves64 = [t.detach().double().requires_grad_(True) for t in (x, gamma, beta)]
+    y64 = reference(*leaves64, swish=swish)
+    want = torch.autograd.grad(y64, leaves64, grad_y.double())
+
+    x64 = x.double()
+    s = x64 * torch.sigmoid(x64) if swish else x64
+    dims = tuple(range(2, x.dim()))
+    centered = s - s.mean(dim=dims, keepdim=True)
+    rstd = 1.0 / torch.sqrt((centered * centered).mean(dim=dims, keepdim=True) + 1e-5)
+    max_rstd = rstd.max().item()
+    max_xhat = (centered * rstd).abs().max().item()
+    max_gamma = gamma.double().abs().max().item()
+    max_g = grad_y.double().abs().max().item()
+    shift = offset * max_rstd  # the error of a mean of values of size `offset`, in units of x_hat
+    slope = 1.1  # the largest slope of x * sigmoid(x) (1 without swish)
+    per_channel = x[:, 0].numel()  # the terms each parameter gradient sums
+    scales = {
+        "y": y64.detach().abs().max().item() + beta.double().abs().max().item() + shift * max_gamma,
+        "x": max_rstd * max_g * max_gamma * (2 + max_xhat) * slope * (1 + shift),
+        "gamma": per_channel * max_g * (max_xhat + shift),
+        "beta": per_channel * max_g,
+    }
+    tol = dict(TOLERANCES[dtype])
+    if dtype == torch.float32 and x[0, 0].numel() >= 16384:
+        tol["rtol"] = 1e-4  # fp32 sums of 2^14 to 2^18 terms
+    for name, actual, expected in (("y", y, y64), ("x", got[0], want[0]), ("gamma", got[1], want[1]),
+                                   ("beta", got[2], want[2])):
+        assert actual.dtype == dtype and actual.shape == expected.shape, name
+        atol = max(tol["atol"], 16 * FP32_EPS * scales[name])
+        torch.testing.assert_close(actual.double(), expected.detach(), rtol=tol["rtol"], atol=atol,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+
+
+def channel_inputs(shape, dtype, offset=0.0):
+    x = (torch.randn(shape, dtype=torch.float64) + offset).to(dtype=dtype, device="cuda")
+    gamma = (torch.randn(shape[1], dtype=torch.float64) * 0.5 + 1).to(dtype=dtype, device="cuda")
+    beta = torch.randn(shape[1], dtype=torch.float64).to(dtype=dtype, device="cuda")
+    return x, gamma, beta
+
+
+@needs_cuda
+@pytest.mark.parametrize("row_version", ROW_VERSIONS, indirect=True)
+@pytest.mark.parametrize("swish", [False, True], ids=["plain", "swish"])
+@pytest.mark.parametrize("shape", VERSION_SHAPES, ids=str)
+def test_every_kernel_version_matches_float64(shape, swish, row_version, dtype):
+    check_values_and_gradients(*channel_inputs(shape, dtype), swish)
+
+
+# The 16-bit cluster rows without swish take the variance from one pass's sum and sum of
+# squares where a row's mean lies within about 8 standard deviations of zero
+# (kOnePassMomentsBound), and make a second pass about the mean beyond: rows with their
+# mean at 7 and at 9 standard deviations, one on each side of the bound, on every kernel
+# version (with swish, which keeps its values, for the two passes).
+@needs_cuda
+@pytest.mark.parametrize("row_version", ROW_VERSIONS, indirect=True)
+@pytest.mark.parametrize("deviations", [7.0, 9.0], ids=["7sd", "9sd"])
+@pytest.mark.parametrize("swish", [False, True], ids=["plain", "swish"])
+@pytest.mark.parametrize("shape", [(6, 1, 1000), (3, 2, 64, 64), (2, 3, 256, 256)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_offsets_beside_the_one_pass_bound(shape, dtype, swish, deviations, row_version):
+    check_values_and_gradients(*channel_inputs(shape, dtype, offset=deviations), swish, offset=deviations)

@@ -35,7 +35,6 @@ does), so the only errors left are the kernels' own:
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 from pathlib import Path
@@ -45,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 import avo_ops
-from conftest import TOLERANCES, needs_cuda
+from conftest import ROW_VERSIONS, TOLERANCES, forced, needs_cuda
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -430,12 +429,6 @@ def check_large_offset(op, tensors, dtype, offset):
     assert torch.isfinite(out[-1]).all()
 
 
-# The versions a test forces every call onto (avo_ops._C.set_row_version), and "auto", the
-# dispatch table's choice. The tiled version, for backwards with per-column sums only, is
-# added where a test runs those.
-ROW_VERSIONS = ("register", "pipelined", "wide", "narrow", "staged", "cluster", "global", "auto")
-
-
 # Every GPU kernel version on rows far from zero, with a spike at every 16th element:
 # the first value of many threads (the shift of their partial moments) lies far from the
 # row's mean, and each thread's squared deviations are large beside the variance.
@@ -801,24 +794,6 @@ def test_non_contiguous_gradient_argument(device):
 # of one row (rows_per_chunk, csrc/include/avo/row_args.h). The tiled version takes rows of two tiles or more (4096 16-bit or 2048 fp32 elements a
 # tile); 40x12296 ends in a tile of one or two vectors.
 VERSION_SHAPES = [(600, 8), (600, 1024), (600, 4096), (7, 16384), (3, 32768), (5, 65536), (40, 12296)]
-
-
-@contextlib.contextmanager
-def forced(setter, name):
-    """A choice of the CUDA row kernels (avo_ops._C.set_row_version, set_chunk_size,
-    set_cluster_blocks or set_tiled_kernels) forced to `name` for the block, then given back
-    to the table ('auto')."""
-    setter(name)
-    try:
-        yield
-    finally:
-        setter("auto")
-
-
-@pytest.fixture
-def row_version(request):
-    with forced(avo_ops._C.set_row_version, request.param):
-        yield request.param
 
 
 @needs_cuda
