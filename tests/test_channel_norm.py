@@ -221,6 +221,22 @@ def test_every_kernel_version_matches_float64(shape, swish, row_version, dtype):
     check_values_and_gradients(*channel_inputs(shape, dtype), swish)
 
 
+# The 16-bit forwards without swish of 65536 and 262144 elements fit the cluster version
+# (a cluster of blocks shares each row), which takes a row's moments in one pass where
+# its mean lies within the one-pass bound and in two beyond: forced onto it, the calls
+# take it (not a version they fall back to), and match float64 on both sides.
+@needs_cuda
+@pytest.mark.parametrize("row_version", ["cluster"], indirect=True)
+@pytest.mark.parametrize("deviations", [0.0, 9.0], ids=["centred", "9sd"])
+@pytest.mark.parametrize("shape", [(1, 5, 256, 256), (1, 2, 512, 512)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_long_16_bit_forwards_take_the_cluster_version(shape, dtype, deviations, row_version):
+    x, gamma, beta = channel_inputs(shape, dtype, offset=deviations)
+    torch.ops.avo.channel_norm(x, gamma, beta)
+    assert avo_ops._C.last_row_version() == "cluster"
+    check_values_and_gradients(x, gamma, beta, False, offset=deviations)
+
+
 # The 16-bit cluster rows without swish take the variance from one pass's sum and sum of
 # squares where a row's mean lies within about 8 standard deviations of zero
 # (kOnePassMomentsBound), and make a second pass about the mean beyond: rows with their
