@@ -187,7 +187,7 @@ def check_values_and_gradients(x, gamma, beta, swish, offset=0.0):
     max_gamma = gamma.double().abs().max().item()
     max_g = grad_y.double().abs().max().item()
     shift = offset * max_rstd  # the error of a mean of values of size `offset`, in units of x_hat
-    slope = 1.1  # the largest slope of x * sigmoid(x) (1 without swish)
+    slope = 1.1  # the largest slope of x * sigmoid(x), above 1 (kept without swish: a margin)
     per_channel = x[:, 0].numel()  # the terms each parameter gradient sums
     scales = {
         "y": y64.detach().abs().max().item() + beta.double().abs().max().item() + shift * max_gamma,
