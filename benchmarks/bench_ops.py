@@ -455,8 +455,10 @@ def bench_case(planned: Planned, impls: Sequence[Impl], timer: Timer, copy_gbps,
 
 def avo_kernel(case: Case) -> Optional[str]:
     """The CUDA kernel version avo's last call of a row op took ("register", "cluster 256",
-    "tiled one", ...: the row version, with a cluster row's block threads and the tiled
-    version's kernels); None for the elementwise ops, which have no row versions."""
+    "tiled one", "narrow fixed 16", ...: the row version, with a cluster row's block
+    threads, the tiled version's kernels, and the group width of a register or narrow
+    rows' kernel compiled for it); None for the elementwise ops, which have no row
+    versions."""
     if case.op in bench_report.ELEMENTWISE_OPS:
         return None
     import avo_ops  # loaded already: its call just ran
@@ -466,7 +468,8 @@ def avo_kernel(case: Case) -> Optional[str]:
         return f"cluster {ext.last_cluster_block_threads()}"
     if version == "tiled":
         return f"tiled {ext.last_tiled_kernels()}"
-    return version
+    fixed = ext.last_fixed_group_threads()
+    return f"{version} fixed {fixed}" if fixed else version
 
 
 def measure_impl(impl: Impl, probe, arg_sets, nbytes: int, timer: Timer, copy_gbps):

@@ -1,10 +1,10 @@
 // The Python module `avo_ops._C`. Importing it runs the static TORCH_LIBRARY
 // registrations of the linked op sources; it exposes built_with_cuda(), cpu_threads(),
 // set_row_version(), last_row_version(), set_chunk_size(), last_rows_per_chunk(),
-// set_cluster_blocks(), last_cluster_block_threads(), set_tiled_kernels(),
-// last_tiled_kernels(), cpu_copies(), set_cpu_copy(), cpu_copy() and last_cpu_copy() (for
-// tests and benchmarks), and the ops' entry points
-// for the functional API (generated/python_calls.cpp).
+// set_cluster_blocks(), last_cluster_block_threads(), last_fixed_group_threads(),
+// set_tiled_kernels(), last_tiled_kernels(), cpu_copies(), set_cpu_copy(), cpu_copy() and
+// last_cpu_copy() (for tests and benchmarks), and the ops' entry points for the
+// functional API (generated/python_calls.cpp).
 #include <Python.h>
 
 #include <ATen/Parallel.h>
@@ -125,6 +125,10 @@ PyObject* set_cluster_blocks(PyObject*, PyObject* arg) {
 // took the cluster version (0 before any).
 PyObject* last_cluster_block_threads(PyObject*, PyObject*) { return PyLong_FromLong(avo::last_cluster_block_threads()); }
 
+// last_fixed_group_threads(): the group width of the last CUDA row-op call where its
+// kernel fixes it when compiled, else 0.
+PyObject* last_fixed_group_threads(PyObject*, PyObject*) { return PyLong_FromLong(avo::last_fixed_group_threads()); }
+
 const Named<avo::TiledKernels> kTiledKernels[] = {
     {"auto", avo::TiledKernels::kAuto}, {"two", avo::TiledKernels::kTwo}, {"one", avo::TiledKernels::kOne}};
 
@@ -212,6 +216,9 @@ PyMethodDef methods[] = {
     {"last_cluster_block_threads", last_cluster_block_threads, METH_NOARGS,
      "The threads of a block of the last CUDA row-op call that took the cluster version (0 before any). For tests "
      "and benchmarks."},
+    {"last_fixed_group_threads", last_fixed_group_threads, METH_NOARGS,
+     "The threads of a group of the last CUDA row-op call where it took a register, lean or narrow rows' kernel "
+     "compiled for that width, else 0 (0 before any). For tests and benchmarks."},
     {"set_tiled_kernels", set_tiled_kernels, METH_O,
      "Makes every CUDA row-op call that takes the tiled version run it as two kernels or as one ('two', 'one'; one "
      "where all its blocks fit on the GPU at once), or as the dispatch table says ('auto'). For tests and "

@@ -279,9 +279,10 @@ def test_avo_kernel_names_the_row_version_with_its_blocks_or_kernels(monkeypatch
     monkeypatch.setattr(ext, "last_cluster_block_threads", lambda: 256)
     monkeypatch.setattr(ext, "last_tiled_kernels", lambda: "one")
     layernorm = bench_cases.find_case("layernorm", "bwd")
-    for version, label in (("cluster", "cluster 256"), ("tiled", "tiled one"), ("wide", "wide"),
-                           ("register", "register")):
+    for version, fixed, label in (("cluster", 0, "cluster 256"), ("tiled", 0, "tiled one"), ("wide", 0, "wide"),
+                                  ("register", 0, "register"), ("narrow", 16, "narrow fixed 16")):
         monkeypatch.setattr(ext, "last_row_version", lambda version=version: version)
+        monkeypatch.setattr(ext, "last_fixed_group_threads", lambda fixed=fixed: fixed)
         assert bench_ops.avo_kernel(layernorm) == label
     assert bench_ops.avo_kernel(bench_cases.find_case("gelu", "fwd")) is None
 

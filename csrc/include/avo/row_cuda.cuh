@@ -17,7 +17,9 @@
 //    a measured length on) a group of up to 512 threads holds 2P vectors a thread; on
 //    narrow rows (up to a measured length, maths without per-column sums) twice the
 //    threads hold P/2 vectors each, and the per-column vectors (weight, bias) too,
-//    loaded with the row (kNarrowColumnsAhead).
+//    loaded with the row (kNarrowColumnsAhead). Unpipelined 16-bit rows without
+//    per-column sums in groups of 8 to 64 threads take kernels whose G is fixed when
+//    they are compiled (kFixedGroupWidths).
 //  - StagedRow, for longer aligned rows that fit in shared memory: a block takes a row;
 //    its per-element inputs are copied into shared memory with cp.async, kStages rows
 //    at a time, so that the next rows arrive while the block computes the current one.
@@ -701,10 +703,13 @@ constexpr int kClusterBlocksPerSM =
 // A row held in registers by a group of threads (see the top of this file); with
 // kClustered the group is every thread of a thread-block cluster. kColumnsAhead: the row
 // loads its vectors of the per-column inputs (weight, bias) with its per-element ones
-// (the narrow rows: kNarrowColumnsAhead).
+// (the narrow rows: kNarrowColumnsAhead). kGroupThreads: the group's width where the
+// kernel fixes it (kFixedGroupWidths), else 0.
 template <typename T, typename Args, typename Math, int V, bool kClustered = false, int kVectors = kRowVectors<Math>,
-          bool kColumnsAhead = false>
-struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, kClustered, kVectors, kColumnsAhead>> {
+          bool kColumnsAhead = false, int kGroupThreads = 0>
+struct RegisterRow
+    : RowView<T, Args>,
+      Reductions<RegisterRow<T, Args, Math, V, kClustered, kVectors, kColumnsAhead, kGroupThreads>> {
   static constexpr int P = kVectors;
   static_assert(!kColumnsAhead || (!kClustered && Math::kColumnSums == 0),
                 "a row that loads its per-column vectors ahead keeps them for one row: no chunk sums them");
@@ -735,6 +740,9 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
   // Cluster rows of 16-bit kernels that keep no values take a row's moments in one pass
   // (Reductions::moments): one exchange of the cluster fewer.
   static constexpr bool kOnePassMoments = kClustered && sizeof(T) == 2 && Math::kKeptValues == 0;
+  // A fixed width unrolls the butterflies of the group's reductions (butterfly_offsets).
+  static constexpr bool kUnrolledGroup = kGroupThreads > 0;
+  static_assert(kGroupThreads == 0 || (!kClustered && kGroupThreads <= 64), "a fixed group is two warps at most");
 
   // This thread's vectors of every per-element input of a row (zero where it has none),
   // and the row's values of the per-row inputs the forward saved (Math::kSavedInputs).
@@ -904,7 +912,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
       cluster_combine(value, combine, *exchanges);
       return value[0];
     }
-    return group_reduce<false, kBlockBarrier>(partial, combine, group_threads);
+    return group_reduce<kUnrolledGroup, kBlockBarrier>(partial, combine, group_threads);
   }
 
   template <unsigned M, int K, unsigned kSquares = 0u, typename F>
@@ -923,7 +931,7 @@ struct RegisterRow : RowView<T, Args>, Reductions<RegisterRow<T, Args, Math, V, 
       group_sums<K, true>(out, int(blockDim.x));
       cluster_combine(out, Plus{}, *exchanges);
     } else {
-      group_sums<K, false, kBlockBarrier>(out, group_threads);
+      group_sums<K, kUnrolledGroup, kBlockBarrier>(out, group_threads);
     }
   }
 
@@ -1626,9 +1634,14 @@ constexpr bool kNarrowColumnsAhead = !kPipelined && kVectors < kRowVectors<Math>
 // chunk c and keeps its columns' sums in registers until the chunk is done. kPipelined
 // (only where kCanPipeline<Math>): see pipelined_rows. kVectors: the vectors a thread
 // holds (RegisterRow's P; twice kRowVectors in a wide row, see kWideRow).
-template <typename T, typename Args, typename Math, int V, bool kPipelined, int kVectors = kRowVectors<Math>>
+// kGroupThreads: the group's width fixed when the kernel is compiled (0: group_threads,
+// known at run time; see kFixedGroupWidths).
+template <typename T, typename Args, typename Math, int V, bool kPipelined, int kVectors = kRowVectors<Math>,
+          int kGroupThreads = 0>
 __device__ __forceinline__ void register_rows(const Args& args, const Math& math, int group_threads) {
-  using Row = RegisterRow<T, Args, Math, V, false, kVectors, kNarrowColumnsAhead<Math, kPipelined, kVectors>>;
+  if constexpr (kGroupThreads > 0) group_threads = kGroupThreads;
+  using Row =
+      RegisterRow<T, Args, Math, V, false, kVectors, kNarrowColumnsAhead<Math, kPipelined, kVectors>, kGroupThreads>;
   // group_threads is a power of two: shifts and a mask, not integer divisions.
   const int shift = __ffs(group_threads) - 1;
   const int groups = blockDim.x >> shift;
@@ -1681,10 +1694,10 @@ __device__ __forceinline__ void register_rows(const Args& args, const Math& math
 
 // The kernel of register_rows, except for the unpipelined lean and wide rows
 // (lean_row_kernel, wide_row_kernel).
-template <typename T, typename Args, typename Math, int V, bool kPipelined>
+template <typename T, typename Args, typename Math, int V, bool kPipelined, int kGroupThreads = 0>
 __global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math, kPipelined>)
     register_row_kernel(const Args args, const Math math, int group_threads) {
-  register_rows<T, Args, Math, V, kPipelined>(args, math, group_threads);
+  register_rows<T, Args, Math, V, kPipelined, kRowVectors<Math>, kGroupThreads>(args, math, group_threads);
 }
 
 // Narrow rows: the register version (unpipelined) with groups holding half the vectors
@@ -1701,11 +1714,11 @@ constexpr bool kNarrowRow = Math::kColumnSums == 0;
 template <typename Math>
 constexpr int kNarrowRowVectors = kRowVectors<Math> / 2;
 
-template <typename T, typename Args, typename Math, int V>
+template <typename T, typename Args, typename Math, int V, int kGroupThreads = 0>
 __global__ void __launch_bounds__(kMaxGroupThreads<Math>)
     narrow_row_kernel(const Args args, const Math math, int group_threads) {
   static_assert(kNarrowRow<Math>, "narrow rows keep no per-column sums");
-  register_rows<T, Args, Math, V, false, kNarrowRowVectors<Math>>(args, math, group_threads);
+  register_rows<T, Args, Math, V, false, kNarrowRowVectors<Math>, kGroupThreads>(args, math, group_threads);
 }
 
 // Wide rows: the register version (unpipelined) with groups of up to kWideRowThreads
@@ -1767,10 +1780,10 @@ constexpr int kLeanRowRegisters = 40;
 #define AVO_LEAN_ROW_BOUNDS __launch_bounds__(1024)
 #endif
 
-template <typename T, typename Args, typename Math, int V>
+template <typename T, typename Args, typename Math, int V, int kGroupThreads = 0>
 __global__ void AVO_LEAN_ROW_BOUNDS lean_row_kernel(const Args args, const Math math, int group_threads) {
   static_assert(kLeanRow<Math>, "only a lean row fits kLeanRowRegisters");
-  register_rows<T, Args, Math, V, false>(args, math, group_threads);
+  register_rows<T, Args, Math, V, false, kRowVectors<Math>, kGroupThreads>(args, math, group_threads);
 }
 
 // Whether a cluster row of Math with per-column sums (its threads holding kVectors) is
@@ -2632,6 +2645,58 @@ Args with_table_chunks(const Args& given, bool chunked, bool vectorized, int64_t
   return args;
 }
 
+// A RegisterRow kernel: (args, math, group_threads).
+template <typename Args, typename Math>
+using RegisterRowKernel = void (*)(const Args, const Math, int);
+
+// The kernel of a RegisterRow version (register, pipelined, wide or narrow rows), with
+// groups of kGroupThreads threads fixed when it is compiled where it is unpipelined
+// register, lean or narrow rows (0: of the width its launch gives).
+template <typename T, typename Args, typename Math, int V, int kGroupThreads = 0>
+RegisterRowKernel<Args, Math> register_version_kernel(RowVersion version) {
+  if constexpr (V > 1) {  // only rows of 16-byte vectors are pipelined, wide or narrow
+    // Where Math cannot be pipelined both names are the same kernel.
+    if (version == RowVersion::kPipelined) return register_row_kernel<T, Args, Math, V, kCanPipeline<Math>>;
+    if constexpr (kWideRow<Math>)
+      if (version == RowVersion::kWide) return wide_row_kernel<T, Args, Math, V>;
+    if constexpr (kNarrowRow<Math>)
+      if (version == RowVersion::kNarrow) return narrow_row_kernel<T, Args, Math, V, kGroupThreads>;
+  }
+  if constexpr (kLeanRow<Math>) return lean_row_kernel<T, Args, Math, V, kGroupThreads>;
+  else return register_row_kernel<T, Args, Math, V, false, kGroupThreads>;
+}
+
+// Group widths that 16-bit rows without per-column sums (forwards, and the backwards
+// of softmax, log_softmax and channel_norm) take fixed at compile time, in their
+// unpipelined register, lean and narrow rows: groups of 8 to 64 threads (rows of 65 to
+// 2048 elements). With the width known, a butterfly is unrolled (a shuffle and an add
+// a step, where a turn of the loop over a width known at run time takes seven
+// instructions), a group of one warp has no barrier, and the group's lanes and rows are
+// shifts and masks of constants. On an H100 these rows issued about twice the
+// instructions of torch.compile's kernels for the same bytes, which fits their falling
+// 3-4% behind it on the H200 (benchmarks/results/2026-12-06-h100-short-row-profile/).
+// Other widths and types keep one kernel for every width: each fixed width is a kernel
+// more to build.
+template <typename T, typename Math>
+constexpr bool kFixedGroupWidths = sizeof(T) == 2 && Math::kColumnSums == 0;
+
+// The kernel of a RegisterRow version for rows of 16-byte vectors in groups of `group`
+// threads: one of a fixed width where there is one (recorded in last_fixed_group_threads).
+template <typename T, typename Args, typename Math, int V>
+RegisterRowKernel<Args, Math> fixed_or_any_group_kernel(RowVersion version, int group, bool chunked) {
+  if constexpr (kFixedGroupWidths<T, Math>) {
+    if (!chunked && (version == RowVersion::kRegister || version == RowVersion::kNarrow)) {
+      last_fixed_group_threads() = group;
+      if (group == 8) return register_version_kernel<T, Args, Math, V, 8>(version);
+      if (group == 16) return register_version_kernel<T, Args, Math, V, 16>(version);
+      if (group == 32) return register_version_kernel<T, Args, Math, V, 32>(version);
+      if (group == 64) return register_version_kernel<T, Args, Math, V, 64>(version);
+      last_fixed_group_threads() = 0;
+    }
+  }
+  return register_version_kernel<T, Args, Math, V>(version);
+}
+
 // Picks the kernel version for the call (pick_row_version, with the thresholds of the
 // op's dispatch table for the current GPU) and launches it, then the column finish when
 // the call wants per-column outputs. The device is looked up once, here: each lookup
@@ -2675,6 +2740,7 @@ void launch_row_op(const Args& given, const Math& math, const RowTuning (&tuning
   const RowVersion version = pick_row_version(vectors, fits_registers, fits_wide, fits_narrow, fits_staged,
                                               fits_cluster, kCanPipeline<Math> && vectorized, can_tile, thresholds);
   last_row_version() = version;
+  last_fixed_group_threads() = 0;
   int64_t partial_chunks = args.chunks;  // the chunks of the partials the version writes
   switch (version) {
     case RowVersion::kRegister:
@@ -2688,18 +2754,8 @@ void launch_row_op(const Args& given, const Math& math, const RowTuning (&tuning
       const int row_block = chunked ? kRowBlockThreads : kShortRowBlockThreads;
       const int block = group < row_block ? row_block : group;
       const int groups = block / group;
-      // Where Math cannot be pipelined both names are the same kernel.
-      const auto kernel = [&] {
-        if (vectorized && version == RowVersion::kPipelined) return register_row_kernel<T, Args, Math, V, kCanPipeline<Math>>;
-        if constexpr (kWideRow<Math>)
-          if (wide) return wide_row_kernel<T, Args, Math, V>;
-        if constexpr (kNarrowRow<Math>)
-          if (narrow) return narrow_row_kernel<T, Args, Math, V>;
-        if constexpr (kLeanRow<Math>)
-          return vectorized ? lean_row_kernel<T, Args, Math, V> : lean_row_kernel<T, Args, Math, 1>;
-        else
-          return vectorized ? register_row_kernel<T, Args, Math, V, false> : register_row_kernel<T, Args, Math, 1, false>;
-      }();
+      const auto kernel = vectorized ? fixed_or_any_group_kernel<T, Args, Math, V>(version, group, chunked)
+                                     : register_version_kernel<T, Args, Math, 1>(version);
       // A pipelined kernel needs a resident grid (each group loops over its rows, the next
       // one loading); without pipelining a block takes one row per group and the hardware
       // starts the next block as one leaves. On the H200 that ran rmsnorm's 16-bit forward

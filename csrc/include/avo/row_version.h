@@ -109,6 +109,15 @@ inline int& last_cluster_block_threads() {
   return last;
 }
 
+// The group width of the last CUDA row-op call, where it took a kernel of register,
+// lean or narrow rows that fixes the width when it is compiled (kFixedGroupWidths in
+// avo/row_cuda.cuh); 0 where its kernel takes the width at run time, or before any
+// call: a test reads it to know which kernel ran.
+inline int& last_fixed_group_threads() {
+  static int last = 0;
+  return last;
+}
+
 // The kernels of the tiled version: as its table says (kAuto: one from the "one" line on,
 // where all its blocks fit on the GPU at once, else two), or forced, for tests and
 // benchmarks (avo_ops._C.set_tiled_kernels; a forced one kernel that does not fit runs
