@@ -2682,19 +2682,20 @@ constexpr bool kFixedGroupWidths = sizeof(T) == 2 && Math::kColumnSums == 0;
 
 // The kernel of a RegisterRow version for rows of 16-byte vectors in groups of `group`
 // threads: one of a fixed width where there is one (recorded in last_fixed_group_threads).
+// A Math of kFixedGroupWidths has no per-column sums, so these calls are never chunked.
 template <typename T, typename Args, typename Math, int V>
-RegisterRowKernel<Args, Math> fixed_or_any_group_kernel(RowVersion version, int group, bool chunked) {
+RegisterRowKernel<Args, Math> fixed_or_any_group_kernel(RowVersion version, int group) {
+  RegisterRowKernel<Args, Math> fixed = nullptr;
   if constexpr (kFixedGroupWidths<T, Math>) {
-    if (!chunked && (version == RowVersion::kRegister || version == RowVersion::kNarrow)) {
-      last_fixed_group_threads() = group;
-      if (group == 8) return register_version_kernel<T, Args, Math, V, 8>(version);
-      if (group == 16) return register_version_kernel<T, Args, Math, V, 16>(version);
-      if (group == 32) return register_version_kernel<T, Args, Math, V, 32>(version);
-      if (group == 64) return register_version_kernel<T, Args, Math, V, 64>(version);
-      last_fixed_group_threads() = 0;
+    if (version == RowVersion::kRegister || version == RowVersion::kNarrow) {
+      if (group == 8) fixed = register_version_kernel<T, Args, Math, V, 8>(version);
+      if (group == 16) fixed = register_version_kernel<T, Args, Math, V, 16>(version);
+      if (group == 32) fixed = register_version_kernel<T, Args, Math, V, 32>(version);
+      if (group == 64) fixed = register_version_kernel<T, Args, Math, V, 64>(version);
     }
   }
-  return register_version_kernel<T, Args, Math, V>(version);
+  last_fixed_group_threads() = fixed != nullptr ? group : 0;
+  return fixed != nullptr ? fixed : register_version_kernel<T, Args, Math, V>(version);
 }
 
 // Picks the kernel version for the call (pick_row_version, with the thresholds of the
@@ -2754,7 +2755,7 @@ void launch_row_op(const Args& given, const Math& math, const RowTuning (&tuning
       const int row_block = chunked ? kRowBlockThreads : kShortRowBlockThreads;
       const int block = group < row_block ? row_block : group;
       const int groups = block / group;
-      const auto kernel = vectorized ? fixed_or_any_group_kernel<T, Args, Math, V>(version, group, chunked)
+      const auto kernel = vectorized ? fixed_or_any_group_kernel<T, Args, Math, V>(version, group)
                                      : register_version_kernel<T, Args, Math, 1>(version);
       // A pipelined kernel needs a resident grid (each group loops over its rows, the next
       // one loading); without pipelining a block takes one row per group and the hardware
