@@ -63,7 +63,7 @@ namespace avo::ops::log_softmax {
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | cluster   |    never |    never |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | wide      |    never |    never |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | coarse    |    never |    never |    never |
-//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | narrow    |    never |    never |    never |
+//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | narrow    |       32 |    never |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | small     |     8192 |     8192 |     8192 |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | one       |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200)               | staged    |    never |    never |    never |
@@ -92,7 +92,7 @@ constexpr avo::RowTuning kForwardTuning[] = {
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {8192, 8192, 8192}, {avo::kNever, avo::kNever, avo::kNever}, "NVIDIA H100 80GB HBM3"},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, avo::kNeverUpTo, avo::kNeverUpTo}, {8192, 8192, 8192}, {avo::kNever, avo::kNever, avo::kNever}, "NVIDIA H100 80GB HBM3"},
     {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {8192, 8192, 16384}, {avo::kNever, avo::kNever, avo::kNever}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
