@@ -792,9 +792,11 @@ def test_non_contiguous_gradient_argument(device):
 # limits, and beyond them (65536: a cluster of 2 to 8 blocks, or the global version);
 # 600 rows make 200 chunks of 3 rows for the parameter-gradient partials, 7 rows chunks
 # of one row (rows_per_chunk, csrc/include/avo/row_args.h). The tiled version takes rows of two tiles or more (4096 16-bit or 2048 fp32 elements a
-# tile); 40x12296 ends in a tile of one or two vectors. In 16 bits rows of 200 to 2000
-# elements take the register and narrow rows' kernels of fixed group widths
-# (kFixedGroupWidths: 8 to 64 threads; in rows of 200 and 2000 some lanes hold no vector).
+# tile); 40x12296 ends in a tile of one or two vectors. In 16 bits rows of 200 to 16384
+# elements (narrow rows: to 4096) take the register and narrow rows' kernels of fixed
+# group widths (kFixedGroupWidths: 8 to 512 threads, to 64 where the math keeps values
+# between passes, as swish_layernorm; in rows of 200, 2000 and 12296 some lanes hold no
+# vector).
 VERSION_SHAPES = [(600, 8), (600, 200), (600, 512), (600, 1024), (600, 2000), (600, 4096), (7, 16384), (3, 32768),
                   (5, 65536), (40, 12296)]
 
@@ -894,11 +896,13 @@ def test_cluster_kernel_version_reads_its_copy_of_weight_and_bias(name, params, 
 
 # (forced version, row length, the fixed group width of a 16-bit forward's kernel): a
 # thread of the register rows holds 4 vectors of 8 elements, of the narrow rows 2, in a
-# power of two of threads; groups of 8 to 64 threads run kernels compiled for their width
-# (kFixedGroupWidths in csrc/include/avo/row_cuda.cuh), wider ones the kernel of any width.
+# power of two of threads; groups of 8 to 512 threads run kernels compiled for their width
+# (kFixedGroupWidths in csrc/include/avo/row_cuda.cuh), wider ones the kernel of any width
+# (layernorm and softmax keep no values between passes, so they take every fixed width).
 FIXED_GROUPS = [("register", 200, 8), ("register", 512, 16), ("register", 1024, 32), ("register", 2000, 64),
-                ("register", 4096, 0), ("narrow", 200, 16), ("narrow", 512, 32), ("narrow", 1024, 64),
-                ("narrow", 2000, 0)]
+                ("register", 4096, 128), ("register", 8192, 256), ("register", 16000, 512),
+                ("narrow", 200, 16), ("narrow", 512, 32), ("narrow", 1024, 64), ("narrow", 2000, 128),
+                ("narrow", 8192, 512)]
 
 
 @needs_cuda

@@ -18,8 +18,8 @@
 //    narrow rows (up to a measured length, maths without per-column sums) twice the
 //    threads hold P/2 vectors each, and the per-column vectors (weight, bias) too,
 //    loaded with the row (kNarrowColumnsAhead). Unpipelined 16-bit rows without
-//    per-column sums in groups of 8 to 64 threads take kernels whose G is fixed when
-//    they are compiled (kFixedGroupWidths).
+//    per-column sums in groups of 8 to 64 threads (to 512 for maths that keep no
+//    values) take kernels whose G is fixed when they are compiled (kFixedGroupWidths).
 //  - StagedRow, for longer aligned rows that fit in shared memory: a block takes a row;
 //    its per-element inputs are copied into shared memory with cp.async, kStages rows
 //    at a time, so that the next rows arrive while the block computes the current one.
@@ -88,6 +88,16 @@ constexpr int kGlobalBatch = 4;        // vectors a GlobalRow thread loads befor
 constexpr int kStages = 3;             // rows a StagedRow block holds: one computed, two arriving
 constexpr int kStagedVectors = 4;      // vectors per thread of a StagedRow (its block: vectors / 4)
 
+// `p`, a pointer into a tensor, with the compiler told that it points to global memory:
+// where it cannot see where a pointer came from (opaque_pointer, a pointer chosen
+// between a row and nullptr), it loads and stores through generic addresses (LD/ST, not
+// LDG/STG).
+template <typename P>
+__device__ __forceinline__ P* in_global(P* p) {
+  __builtin_assume(__isGlobal(p));
+  return p;
+}
+
 // `p` as the compiler cannot see through: a row's base pointer computed once, so that
 // each vector's address stays one multiply-add of its 32-bit index. Left visible, the
 // compiler folds the row offset back into every vector's address (a 64-bit product and
@@ -95,7 +105,7 @@ constexpr int kStagedVectors = 4;      // vectors per thread of a StagedRow (its
 template <typename P>
 __device__ __forceinline__ P* opaque_pointer(P* p) {
   asm("" : "+l"(p));
-  return p;
+  return in_global(p);
 }
 
 // V elements of T as a row keeps them in registers: the 32-bit words of a 16-byte (or
@@ -742,7 +752,7 @@ struct RegisterRow
   static constexpr bool kOnePassMoments = kClustered && sizeof(T) == 2 && Math::kKeptValues == 0;
   // A fixed width unrolls the butterflies of the group's reductions (butterfly_offsets).
   static constexpr bool kUnrolledGroup = kGroupThreads > 0;
-  static_assert(kGroupThreads == 0 || (!kClustered && kGroupThreads <= 64), "a fixed group is two warps at most");
+  static_assert(kGroupThreads == 0 || (!kClustered && kGroupThreads <= 512), "a fixed group is sixteen warps at most");
 
   // This thread's vectors of every per-element input of a row (zero where it has none),
   // and the row's values of the per-row inputs the forward saved (Math::kSavedInputs).
@@ -946,7 +956,7 @@ struct RegisterRow
     __device__ __forceinline__ void store(int v, const Vector (&out)[Args::kOutputs]) const {
       AVO_UNROLL
       for (int k = 0; k < Args::kOutputs; ++k)
-        if (((Math::kElementOutputs >> k) & 1u) && p[k] != nullptr) store_vec<V, kClustered>(p[k] + v * V, out[k]);
+        if (((Math::kElementOutputs >> k) & 1u) && p[k] != nullptr) store_vec<V, kClustered>(in_global(p[k]) + v * V, out[k]);
     }
   };
   __device__ __forceinline__ OutputRows output_rows() const {
@@ -2669,14 +2679,19 @@ RegisterRowKernel<Args, Math> register_version_kernel(RowVersion version) {
 // Group widths that 16-bit rows without per-column sums (forwards, and the backwards
 // of softmax, log_softmax and channel_norm) take fixed at compile time, in their
 // unpipelined register, lean and narrow rows: groups of 8 to 64 threads (rows of 65 to
-// 2048 elements). With the width known, a butterfly is unrolled (a shuffle and an add
-// a step, where a turn of the loop over a width known at run time takes seven
-// instructions), a group of one warp has no barrier, and the group's lanes and rows are
-// shifts and masks of constants. On an H100 these rows issued about twice the
+// 2048 elements), and of 128 to 512 threads (to 16384 elements) for the maths that keep
+// no values between passes. With the width known, a butterfly is unrolled (a shuffle
+// and an add a step, where a turn of the loop over a width known at run time takes
+// seven instructions), a group of one warp has no barrier, and the group's lanes and
+// rows are shifts and masks of constants. On an H100 these rows issued about twice the
 // instructions of torch.compile's kernels for the same bytes, which fits their falling
 // 3-4% behind it on the H200 (benchmarks/results/2026-12-06-h100-short-row-profile/).
 // Other widths and types keep one kernel for every width: each fixed width is a kernel
-// more to build.
+// more to build. Widths 128-512 gained up to 1.9% on an H100 (rmsnorm's 16-bit forward at
+// 16384; benchmarks/results/2026-12-07-h100-fixed-widths-to-512/); swish_layernorm's
+// forward, which keeps each element's sigmoid, lost 9% at 512 threads: under the
+// 64-register bound ptxas loads a row's second vector only after the first pass
+// (2026-12-07-h100-wide-fixed-widths/), so the maths with kept values stop at 64.
 template <typename T, typename Math>
 constexpr bool kFixedGroupWidths = sizeof(T) == 2 && Math::kColumnSums == 0;
 
@@ -2692,6 +2707,11 @@ RegisterRowKernel<Args, Math> fixed_or_any_group_kernel(RowVersion version, int 
       if (group == 16) fixed = register_version_kernel<T, Args, Math, V, 16>(version);
       if (group == 32) fixed = register_version_kernel<T, Args, Math, V, 32>(version);
       if (group == 64) fixed = register_version_kernel<T, Args, Math, V, 64>(version);
+      if constexpr (Math::kKeptValues == 0) {
+        if (group == 128) fixed = register_version_kernel<T, Args, Math, V, 128>(version);
+        if (group == 256) fixed = register_version_kernel<T, Args, Math, V, 256>(version);
+        if (group == 512) fixed = register_version_kernel<T, Args, Math, V, 512>(version);
+      }
     }
   }
   last_fixed_group_threads() = fixed != nullptr ? group : 0;
