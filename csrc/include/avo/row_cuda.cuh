@@ -2691,7 +2691,8 @@ RegisterRowKernel<Args, Math> register_version_kernel(RowVersion version) {
 // 16384; benchmarks/results/2026-12-07-h100-fixed-widths-to-512/); swish_layernorm's
 // forward, which keeps each element's sigmoid, lost 9% at 512 threads: under the
 // 64-register bound ptxas loads a row's second vector only after the first pass
-// (2026-12-07-h100-wide-fixed-widths/), so the maths with kept values stop at 64.
+// (benchmarks/results/2026-12-07-h100-wide-fixed-widths/), so the maths with kept
+// values stop at 64.
 template <typename T, typename Math>
 constexpr bool kFixedGroupWidths = sizeof(T) == 2 && Math::kColumnSums == 0;
 
