@@ -14,9 +14,13 @@
 #               whole avo and eager sweep, about 30 s a run on an H200)
 #   TESTS       pytest -k expression for this tree's tests (default: "cuda or
 #               kernel_version"); TESTS=none skips them
-# The test log, the benchmark JSON of every run (bench_this.json, bench_<base>.json) and
-# the comparisons (compare_<base>.md) go to "$OUT" when it is set; build and benchmark
-# logs to a temporary directory (their tails are printed on failure).
+#   ROUNDS      how many times to run the benchmark on every build, the builds in turn
+#               within a round (default 1); a change smaller than the spread between
+#               rounds is noise
+# The test log, the benchmark JSON of every run (bench_this.json, bench_<base>.json; with
+# ROUNDS > 1 bench_this_r<k>.json, ...) and the comparisons (compare_<base>.md, or
+# compare_<base>_r<k>.md) go to "$OUT" when it is set; build and benchmark logs to a
+# temporary directory (their tails are printed on failure).
 set -uo pipefail
 
 [ $# -ge 1 ] || { echo "usage: scripts/gpu_compare.sh BASE_DIR [BASE_DIR ...]"; exit 2; }
@@ -63,18 +67,26 @@ if [ "${TESTS:-}" != "none" ]; then
     echo "tests: rc=$tests_rc ($((SECONDS - START)) s)"
 fi
 
-echo "== benchmark: ${BENCH_ARGS:---no-compile --no-liger}"
-for tree in "${BASES[@]}" "$HERE"; do
-    name=$(name_of "$tree")
-    PYTHONPATH="$tree" python3 "$tree/benchmarks/bench_ops.py" ${BENCH_ARGS:---no-compile --no-liger} --no-progress \
-        --json "$LOGS/bench_$name.json" >"$SCRATCH/bench_$name.txt" 2>"$SCRATCH/bench_$name.log" \
-        || { tail -n 20 "$SCRATCH/bench_$name.log"; exit 1; }
-done
-for tree in "${BASES[@]}"; do
-    name=$(name_of "$tree")
-    echo "-- $name -> this tree"
-    python3 benchmarks/compare_runs.py "$LOGS/bench_$name.json" "$LOGS/bench_this.json" \
-        --markdown "$LOGS/compare_$name.md" | sed -n '/^| op | dir | cases/,$p'
+ROUNDS=${ROUNDS:-1}
+[[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { echo "ROUNDS must be a positive integer, not '$ROUNDS'"; exit 2; }
+# One round's file suffix: none for a single round, so that the names stay as before.
+suffix_of() { [ "$ROUNDS" -eq 1 ] && echo "" || echo "_r$1"; }
+
+echo "== benchmark: ${BENCH_ARGS:---no-compile --no-liger}, $ROUNDS round(s)"
+for round in $(seq 1 "$ROUNDS"); do
+    sfx=$(suffix_of "$round")
+    for tree in "${BASES[@]}" "$HERE"; do
+        name=$(name_of "$tree")$sfx
+        PYTHONPATH="$tree" python3 "$tree/benchmarks/bench_ops.py" ${BENCH_ARGS:---no-compile --no-liger} --no-progress \
+            --json "$LOGS/bench_$name.json" >"$SCRATCH/bench_$name.txt" 2>"$SCRATCH/bench_$name.log" \
+            || { tail -n 20 "$SCRATCH/bench_$name.log"; exit 1; }
+    done
+    for tree in "${BASES[@]}"; do
+        name=$(name_of "$tree")
+        echo "-- $name -> this tree${sfx:+ (round $round)}"
+        python3 benchmarks/compare_runs.py "$LOGS/bench_$name$sfx.json" "$LOGS/bench_this$sfx.json" \
+            --markdown "$LOGS/compare_$name$sfx.md" | sed -n '/^| op | dir | cases/,$p'
+    done
 done
 echo "total $((SECONDS - START)) s"
 exit $tests_rc
