@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import statistics
@@ -37,6 +36,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_cases  # noqa: E402  (the ops' calls, inputs and traffic)
 import bench_host_overhead  # noqa: E402  (its alternating-block timing)
+import bench_report  # noqa: E402  (its JSON layout)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CPU = torch.device("cpu")
@@ -149,7 +149,7 @@ def main(argv=None) -> int:
             "copy_gbps": copy, "reps": args.reps, "cpu_copies": copies, "command": " ".join(["python", *sys.argv])}
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({**meta, "rows": rows}, f, indent=1)
+            f.write(bench_report.results_json({**meta, "rows": rows}))
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(f"CPU kernels against torch's, {meta['date']}, torch {meta['torch']}, "

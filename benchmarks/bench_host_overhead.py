@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import json
 import os
 import platform
 import shlex
@@ -49,7 +48,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_cases  # noqa: E402  (the ops' calls and inputs)
-import bench_report  # noqa: E402  (its table layout)
+import bench_report  # noqa: E402  (its table and JSON layouts)
 
 N = 1024
 MODES = ("fwd", "fwd_api", "fwd_bwd")
@@ -290,7 +289,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "host_overhead.json"), "w") as f:
-            json.dump({**meta, "rows": rows}, f, indent=1)
+            f.write(bench_report.results_json({**meta, "rows": rows}))
         with open(os.path.join(args.out, "host_overhead.md"), "w") as f:
             f.write(markdown_report(meta, rows))
         print(f"wrote {args.out}/host_overhead.json and host_overhead.md", file=sys.stderr)

@@ -69,7 +69,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 import os
 import platform
@@ -734,7 +733,7 @@ def save_json(path: str, results: dict) -> None:
     if folder:
         os.makedirs(folder, exist_ok=True)
     with open(path + ".tmp", "w") as f:
-        json.dump(results, f, indent=1)
+        f.write(bench_report.results_json(results))
     os.replace(path + ".tmp", path)
 
 

@@ -36,6 +36,23 @@ DTYPE_ORDER = ("bf16", "fp16", "fp32")
 COLORS = {"avo": "tab:red", "eager": "tab:blue", "compile": "tab:green", "liger": "tab:orange"}
 
 
+# --------------------------------------------------------------------------- saving
+
+def results_json(results: dict) -> str:
+    """A run's JSON with one case (a row of the sweep, a copy size) a line and the header one
+    key a line: a quarter smaller than one value a line, and a diff of two runs shows the
+    cases that changed."""
+    lines = []
+    for key, value in results.items():
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            items = ",\n".join(f"  {json.dumps(v)}" for v in value)
+            text = f"[\n{items}\n ]"
+        else:
+            text = json.dumps(value)
+        lines.append(f" {json.dumps(key)}: {text}")
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
 # --------------------------------------------------------------------------- row helpers
 
 def row_length(row: dict) -> int:

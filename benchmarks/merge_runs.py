@@ -19,6 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_cases import CASES  # noqa: E402
+from bench_report import results_json  # noqa: E402
 
 DTYPE_ORDER = ("bf16", "fp16", "fp32")
 
@@ -68,7 +69,7 @@ def main(argv: list[str]) -> int:
             runs.append(json.load(f))
     merged = merge(runs, [os.path.basename(p) for p in args.runs])
     with open(args.out, "w") as f:
-        json.dump(merged, f, indent=1)
+        f.write(results_json(merged))
     print(f"{args.out}: {len(merged['rows'])} cases from {len(runs)} runs")
     return 0
 

@@ -395,6 +395,18 @@ def test_write_reports_writes_json_markdown_and_plots(tmp_path):
     assert len(list((tmp_path / "plots").glob("*.png"))) == 3
 
 
+def test_results_json_puts_one_case_a_line_and_reads_back_equal():
+    results = synthetic_results()
+    text = bench_report.results_json(results)
+    assert json.loads(text) == results
+    lines = text.splitlines()
+    for row in results["rows"]:
+        assert f"  {json.dumps(row)}," in lines or f"  {json.dumps(row)}" in lines
+    # one line a header key, a row or a bracket: no value on a line of its own
+    assert len(lines) == 2 + len(results) + sum(len(v) + 1 for v in results.values()
+                                                if isinstance(v, list) and v and isinstance(v[0], dict))
+
+
 # --------------------------------------------------------------------------- host overhead
 
 def test_host_overhead_runs_on_cpu_and_reports_every_op(tmp_path, capsys):
