@@ -20,11 +20,18 @@
 # above but test_language_features.py and the two test_generator files took 230 s on an
 # H100 (2026-12-06, 4165 passed); those three took 25 s on a CPU alone:
 #   BENCH_ARGS=none scripts/gpu_check.sh tests -k "not cpu"
+# PARALLEL_TESTS=1 runs the suite as three pytest runs at once on the one GPU
+# (tests/test_norms.py; test_channel_norm.py and test_ops.py; every other file), the
+# arguments (pytest options, not files) given to each: with -k "not cpu" they took 264 s
+# instead of 399 one after another (H100, 2026-12-07, 6063 passed;
+# benchmarks/results/2026-12-07-h100-cuda-tests/):
+#   PARALLEL_TESTS=1 BENCH_ARGS=none scripts/gpu_check.sh -k "not cpu"
 #
 # Full logs and the benchmark reports go to "$OUT" when it is set, otherwise to a new
 # temporary directory. A summary (test result line, benchmark table) is printed last.
 # Exit status: non-zero when the build, the tests or the benchmark failed.
 # Environment: BENCH_ARGS (default --quick) are the benchmark's arguments; "none" skips it.
+# PARALLEL_TESTS=1: the three test runs at once, above (logs tests_<group>.log and tests.log).
 
 set -uo pipefail
 
@@ -47,14 +54,26 @@ took() {
 }
 
 test_line() {
-    grep -E '[0-9]+ (passed|failed|error)|no tests ran' "$LOGS/tests.log" 2>/dev/null | tail -n 1
+    grep -E '[0-9]+ (passed|failed|errors?|deselected)|no tests ran' "$1" 2>/dev/null | tail -n 1
+}
+
+# The three groups of PARALLEL_TESTS, by file: test_norms.py holds most of the GPU tests.
+test_groups() {
+    local others
+    others=$(ls tests/test_*.py | grep -v -e /test_norms.py -e /test_channel_norm.py -e /test_ops.py | tr '\n' ' ')
+    printf '%s\n' "norms tests/test_norms.py" "channel_ops tests/test_channel_norm.py tests/test_ops.py" "others $others"
 }
 
 summary() {
     banner "summary (logs in $LOGS, total $((SECONDS - SCRIPT_START))s)"
     echo "build: $([ "$build_rc" -eq 0 ] && echo ok || echo "FAILED (rc=$build_rc)")"
     if [ "$tests_rc" -ge 0 ]; then
-        echo "tests: rc=$tests_rc  $(test_line)"
+        if [ "${PARALLEL_TESTS:-0}" = 1 ]; then
+            echo "tests: rc=$tests_rc"
+            while read -r group _; do echo "  $group: $(test_line "$LOGS/tests_$group.log")"; done < <(test_groups)
+        else
+            echo "tests: rc=$tests_rc  $(test_line "$LOGS/tests.log")"
+        fi
     fi
     if [ "$bench_rc" -ge 0 ]; then
         echo "bench: rc=$bench_rc"
@@ -88,11 +107,37 @@ if [ "$build_rc" -ne 0 ]; then
 fi
 
 # (c) tests --------------------------------------------------------------------------
-banner "tests (pytest -q ${*:-tests})"
 # --durations: the slowest tests' times on the GPU go into tests.log, to keep a quick subset
 # of the GPU tests honest about what it leaves out.
-python3 -m pytest -q --durations=300 "${@:-tests}" 2>&1 | tee "$LOGS/tests.log" | tail -n 40
-tests_rc=${PIPESTATUS[0]}
+if [ "${PARALLEL_TESTS:-0}" = 1 ]; then
+    banner "tests (three pytest runs at once, options: ${*:-none})"
+    for arg in "$@"; do
+        if [[ "$arg" == tests || "$arg" == tests/* || "$arg" == *.py* ]]; then
+            echo "!!!! PARALLEL_TESTS=1 takes pytest options, not files ('$arg'): the groups are fixed"
+            summary
+            exit 2
+        fi
+    done
+    pids=()
+    while read -r group files; do
+        # shellcheck disable=SC2086  # the group's files, one word each
+        python3 -m pytest -q --durations=300 $files "$@" >"$LOGS/tests_$group.log" 2>&1 &
+        pids+=($!)
+    done < <(test_groups)
+    tests_rc=0
+    for pid in "${pids[@]}"; do
+        wait "$pid"
+        rc=$?
+        [ $rc -eq 0 ] || [ $rc -eq 5 ] || tests_rc=1  # 5: the options deselected a whole group
+    done
+    cat "$LOGS"/tests_*.log >"$LOGS/tests.log"
+    grep -hE '^(FAILED|ERROR)' "$LOGS"/tests_*.log | head -n 40
+    while read -r group _; do echo "$group: $(test_line "$LOGS/tests_$group.log")"; done < <(test_groups)
+else
+    banner "tests (pytest -q ${*:-tests})"
+    python3 -m pytest -q --durations=300 "${@:-tests}" 2>&1 | tee "$LOGS/tests.log" | tail -n 40
+    tests_rc=${PIPESTATUS[0]}
+fi
 took tests
 [ "$tests_rc" -ne 0 ] && echo "!!!! TESTS FAILED (rc=$tests_rc); full log: $LOGS/tests.log"
 
