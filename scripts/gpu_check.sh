@@ -131,8 +131,7 @@ if [ "${PARALLEL_TESTS:-0}" = 1 ]; then
         [ $rc -eq 0 ] || [ $rc -eq 5 ] || tests_rc=1  # 5: the options deselected a whole group
     done
     cat "$LOGS"/tests_*.log >"$LOGS/tests.log"
-    grep -hE '^(FAILED|ERROR)' "$LOGS"/tests_*.log | head -n 40
-    while read -r group _; do echo "$group: $(test_line "$LOGS/tests_$group.log")"; done < <(test_groups)
+    grep -hE '^(FAILED|ERROR)' "$LOGS"/tests_*.log | head -n 40  # each group's result line: the summary
 else
     banner "tests (pytest -q ${*:-tests})"
     python3 -m pytest -q --durations=300 "${@:-tests}" 2>&1 | tee "$LOGS/tests.log" | tail -n 40
