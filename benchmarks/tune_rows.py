@@ -21,7 +21,9 @@ the threads holding half the vectors), staged, cluster, global, and for backward
 (avo_ops._C.set_row_version). A call that cannot take the forced version (the row does
 not fit it) takes the table's choice; avo_ops._C.last_row_version tells, and such a run
 is not recorded as that version's time. Timing is bench_ops.py's: CUDA events, median of
---reps calls, inputs rotated beyond L2.
+--reps calls, inputs rotated beyond L2. With --rounds R, every version of a case is timed
+R times, each round timing them all in turn, and keeps the median of its rounds: where
+two versions are level within the margin, one round's order can follow a moment's noise.
 
 Six thresholds per (op, kernel, dtype), in 16-byte vectors, each the shortest row from
 which a version is faster by more than --margin at that length and no slower by more than
@@ -84,7 +86,7 @@ times nothing: it computes --tables again from the measurements of the last run 
 (after a change of the rule), no GPU needed, and writes PATH again (or --out).
 
 Options: --ops, --kernels, --dtypes, --tables, --row-lengths, --elements (default 2^26),
---reps (default 30), --margin (default 0.01), --tolerance (default 0.03), --out PATH
+--reps (default 30), --rounds (default 1), --margin (default 0.01), --tolerance (default 0.03), --out PATH
 (default: this GPU's file, above), --recompute PATH, --fresh.
 """
 from __future__ import annotations
@@ -213,6 +215,16 @@ def time_tiled_kernels(avo_ops, case, shape, dtype, timer: bench_ops.Timer) -> d
                             kernels)
     finally:
         avo_ops._C.set_row_version("auto")
+
+
+def median_of_rounds(rounds: list[dict[str, float | None]]) -> dict[str, float | None]:
+    """One time per key from several rounds' timings of the same calls: the median of its
+    rounds (the upper one of an even count); None for a key that is None in any round (the
+    call could not take that version); only the keys every round has (a round where the
+    choices took the same, time_choices, has none)."""
+    keys = [k for k in rounds[0] if all(k in r for r in rounds[1:])]
+    return {k: None if any(r[k] is None for r in rounds) else sorted(r[k] for r in rounds)[len(rounds) // 2]
+            for k in keys}
 
 
 def threshold(points: list[tuple[int, float, float]], margin: float, tolerance: float) -> int | None:
@@ -365,6 +377,8 @@ def main(argv=None) -> int:
     p.add_argument("--row-lengths", default=",".join(map(str, DEFAULT_LENGTHS)))
     p.add_argument("--elements", type=int, default=1 << 26)
     p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time every version this many times, in turn, and take the median (default 1)")
     p.add_argument("--margin", type=float, default=0.01)
     p.add_argument("--tolerance", type=float, default=0.03)
     p.add_argument("--out", help="default: this GPU's file in tuning/ (sm_<arch>.json or sm_<arch>-<gpu>.json)")
@@ -390,6 +404,8 @@ def main(argv=None) -> int:
         p.error(f"tables: {', '.join(TABLE_NAMES)}")
     if args.recompute:
         return recompute(args.recompute, table_names, args.margin, args.tolerance, args.out)
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, not {args.rounds}")
     versions = [v for v in VERSIONS if any(v in TABLE_VERSIONS[t] for t in table_names)]
     lengths = sorted(int(n) for n in args.row_lengths.split(","))
     if not torch.cuda.is_available():
@@ -412,13 +428,17 @@ def main(argv=None) -> int:
             dtype = DTYPES[dtype_name]
             shape = case.layout((max(1, args.elements // n), n))
             tried = [v for v in versions if v not in UNTIMED[direction]]
-            times = {v: time_version(avo_ops, case, shape, dtype, v, timer) for v in tried}
             chunked = CHUNK_TABLE in table_names and direction == "bwd"
-            chunk_times = time_chunk_sizes(avo_ops, case, shape, dtype, timer) if chunked else {}
             clustered = CLUSTER_BLOCKS_TABLE in table_names
-            block_times = time_cluster_blocks(avo_ops, case, shape, dtype, timer) if clustered else {}
             tiled = TILED_KERNELS_TABLE in table_names and direction == "bwd"
-            tiled_times = time_tiled_kernels(avo_ops, case, shape, dtype, timer) if tiled else {}
+            rounds = []
+            for _ in range(args.rounds):  # every version once a round, so that a slow spell of the GPU hits them all
+                rounds.append((
+                    {v: time_version(avo_ops, case, shape, dtype, v, timer) for v in tried},
+                    time_chunk_sizes(avo_ops, case, shape, dtype, timer) if chunked else {},
+                    time_cluster_blocks(avo_ops, case, shape, dtype, timer) if clustered else {},
+                    time_tiled_kernels(avo_ops, case, shape, dtype, timer) if tiled else {}))
+            times, chunk_times, block_times, tiled_times = (median_of_rounds(list(r)) for r in zip(*rounds))
             timed = [v for v in tried if times[v] is not None]
             vectors = n * dtype.itemsize // 16
             measurements.append({"op": op, "kernel": ROLES[direction], "dtype": dtype_name, "row_length": n,

@@ -658,3 +658,22 @@ def test_a_run_of_every_table_replaces_the_times_of_what_it_measured():
     again = merged_file(merged, {("softmax", "forward", "float16"): some}, [m("softmax", 8.0)], {"date": "d2"},
                         {"arch": 90})
     assert [(x["run"], x["op"]) for x in again["measurements"]] == [(0, "rmsnorm"), (1, "softmax"), (2, "softmax")]
+
+
+def test_median_of_rounds_takes_each_keys_median_and_drops_what_a_round_lacks():
+    from tune_rows import median_of_rounds
+    rounds = [{"register": 10.0, "narrow": 9.0, "staged": None, "wide": 5.0},
+              {"register": 12.0, "narrow": 11.0, "staged": None},
+              {"register": 11.0, "narrow": 7.0, "staged": None, "wide": 6.0}]
+    assert median_of_rounds(rounds) == {"register": 11.0, "narrow": 9.0, "staged": None}
+    assert median_of_rounds([{"one": 3.0, "two": None}, {"one": 2.0, "two": 4.0}]) == {"one": 3.0, "two": None}
+    assert median_of_rounds([{"fine_chunks": 1.0}, {}]) == {}
+    assert median_of_rounds([{"register": 4.0}]) == {"register": 4.0}
+
+
+def test_rounds_below_one_are_refused(capsys):
+    from tune_rows import main
+    with pytest.raises(SystemExit) as refused:
+        main(["--rounds", "0"])
+    assert refused.value.code == 2
+    assert "--rounds must be at least 1, not 0" in capsys.readouterr().err
