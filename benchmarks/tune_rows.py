@@ -83,7 +83,8 @@ every run, and the times the tables come from: a run of every table replaces the
 of each (op, kernel, dtype) it measured, whose tables all come from it now; a run of some
 --tables adds its times to those (the other tables came from them). --recompute PATH
 times nothing: it computes --tables again from the measurements of the last run in PATH
-(after a change of the rule), no GPU needed, and writes PATH again (or --out).
+(after a change of the rule), no GPU needed, and writes PATH again (or --out). A timing
+run ends by listing the lines that changed against the file it wrote over.
 
 Options: --ops, --kernels, --dtypes, --tables, --row-lengths, --elements (default 2^26),
 --reps (default 30), --rounds (default 1), --margin (default 0.01), --tolerance (default 0.03), --out PATH
@@ -466,7 +467,30 @@ def main(argv=None) -> int:
               "rule": rule_text(args.margin, args.tolerance, kept=not args.fresh)}
     result = merged_file(previous, found, measurements, run, header)
     write_tuning(out, result)
+    changes = changed_lines(previous, result)
+    print(f"lines changed: {len(changes)}")
+    for change in changes:
+        print(f"  {change}")
     return 0
+
+
+def changed_lines(before: dict, after: dict) -> list[str]:
+    """Every line of the tables that differs between two tuning files, as "table op kernel
+    dtype: before -> after" (16-byte vectors; "never" for null, "none" where the line was
+    not in the file)."""
+    def shown(line):
+        return "never" if line is None else str(line)
+
+    changes = []
+    for name in TABLE_VERSIONS:
+        for op, roles in after.get(name, {}).items():
+            for role, by_dtype in roles.items():
+                for dtype, line in by_dtype.items():
+                    old = before.get(name, {}).get(op, {}).get(role, {})
+                    if dtype not in old or old[dtype] != line:
+                        was = shown(old[dtype]) if dtype in old else "none"
+                        changes.append(f"{name} {op} {role} {dtype}: {was} -> {shown(line)}")
+    return changes
 
 
 def rule_text(margin: float, tolerance: float, kept: bool = True) -> str:

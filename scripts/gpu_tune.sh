@@ -87,7 +87,7 @@ for arg in "$@"; do
     timeout "$budget" python3 benchmarks/tune_rows.py $arg >"$LOGS/tune_$step.log" 2>&1
     rc=$?
     [ $rc -eq 0 ] || { say "tuner run $step rc=$rc (124: cut off, nothing written)"; failed=1; }
-    tail -n 8 "$LOGS/tune_$step.log"
+    sed -n '/^lines changed: /,$p' "$LOGS/tune_$step.log"
     cp tuning/*.json "$LOGS/"
     git diff tuning/ >"$LOGS/tuning.diff"
 done

@@ -677,3 +677,15 @@ def test_rounds_below_one_are_refused(capsys):
         main(["--rounds", "0"])
     assert refused.value.code == 2
     assert "--rounds must be at least 1, not 0" in capsys.readouterr().err
+
+
+def test_changed_lines_names_each_line_that_moved_appeared_or_went_to_never():
+    from tune_rows import changed_lines
+    before = {"narrow_max_vectors": {"rmsnorm": {"forward": {"float16": 1024, "bfloat16": 1024, "float32": None}}}}
+    after = {"narrow_max_vectors": {"rmsnorm": {"forward": {"float16": None, "bfloat16": 32, "float32": None}}},
+             "one_kernel_min_vectors": {"layernorm": {"backward": {"float32": 4096}}}}
+    assert changed_lines(before, after) == [
+        "narrow_max_vectors rmsnorm forward float16: 1024 -> never",
+        "narrow_max_vectors rmsnorm forward bfloat16: 1024 -> 32",
+        "one_kernel_min_vectors layernorm backward float32: none -> 4096"]
+    assert changed_lines(after, after) == []
