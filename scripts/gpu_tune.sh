@@ -20,7 +20,8 @@
 #                writes nothing) where it would leave less than FINISH seconds; later ones
 #                are skipped
 #   FINISH       seconds kept for the regenerate, build, sweep and tests at the end
-#                (default 240; about 100 s build, 25 s sweep, 60 s tests on an H200)
+#                (default 240; on an H100 the build took about 50 s, the sweep 30 s and
+#                the tests 20 s)
 #   SWEEP_ARGS   benchmarks/bench_ops.py arguments of both sweeps (default: --no-compile
 #                --no-liger, avo and eager over the whole sweep)
 #   TESTS        pytest -k expression of the line tests (default below); "none" skips them
