@@ -151,6 +151,11 @@ SHORT_ROW_TABLES = ("staged_min_vectors", "pipelined_min_vectors", "cluster_min_
                     "narrow_max_vectors")
 
 
+def upper_median(values: list[float]) -> float:
+    """The median of `values`, the upper one of an even count: always one of the times."""
+    return sorted(values)[len(values) // 2]
+
+
 def time_version(avo_ops, case, shape, dtype, version: str, timer: bench_ops.Timer) -> float | None:
     """Median microseconds of one call of the avo kernel, forced onto `version`; None
     where the call could not take it (it ran another version: avo_ops._C.last_row_version)."""
@@ -163,7 +168,7 @@ def time_version(avo_ops, case, shape, dtype, version: str, timer: bench_ops.Tim
         avo_ops._C.set_row_version("auto")
     del arg_sets
     torch.cuda.empty_cache()
-    return sorted(times)[len(times) // 2] if took == version else None
+    return upper_median(times) if took == version else None
 
 
 def time_choices(case, shape, dtype, timer: bench_ops.Timer, choose, choices: tuple[str, ...], suffix: str,
@@ -178,7 +183,7 @@ def time_choices(case, shape, dtype, timer: bench_ops.Timer, choose, choices: tu
         for choice in choices:
             choose(choice)
             measured = timer.measure(case.avo, arg_sets)
-            times[f"{choice}_{suffix}"] = sorted(measured)[len(measured) // 2]
+            times[f"{choice}_{suffix}"] = upper_median(measured)
             took.append(taken())
     finally:
         choose("auto")
@@ -224,8 +229,7 @@ def median_of_rounds(rounds: list[dict[str, float | None]]) -> dict[str, float |
     call could not take that version); only the keys every round has (a round where the
     choices took the same, time_choices, has none)."""
     keys = [k for k in rounds[0] if all(k in r for r in rounds[1:])]
-    return {k: None if any(r[k] is None for r in rounds) else sorted(r[k] for r in rounds)[len(rounds) // 2]
-            for k in keys}
+    return {k: None if any(r[k] is None for r in rounds) else upper_median([r[k] for r in rounds]) for k in keys}
 
 
 def threshold(points: list[tuple[int, float, float]], margin: float, tolerance: float) -> int | None:
