@@ -25,19 +25,29 @@
 #   SWEEP_ARGS   benchmarks/bench_ops.py arguments of both sweeps (default: --no-compile
 #                --no-liger, avo and eager over the whole sweep)
 #   TESTS        pytest -k expression of the line tests (default below); "none" skips them
+#   BASELINES    seconds for a last sweep of the other implementations alone (bench_ops.py
+#                --no-avo: eager, torch.compile and, where it is installed, Liger-Kernel,
+#                over the default row lengths), so that the report sets the new table
+#                against baselines of the same GPU and run (default 0: none). The time is
+#                kept from the tuner runs as FINISH is; the sweep is stopped at LIMIT and
+#                keeps what it measured (on an H200, avo, eager and torch.compile over the
+#                whole sweep took 186 s)
 # Logs, gpu.txt (GPU, driver, versions), before.json and results.json (the sweeps),
 # compare.md, the tuning files and tuning.diff go to "$OUT" when it is set, otherwise to a
-# new temporary directory; files are written as each step ends, so a run that is stopped
-# keeps what it had done. Exit status: non-zero when a build, a tuner run, a sweep or the
-# tests failed.
+# new temporary directory; with BASELINES, also baselines.json and report/results.md
+# (bench_report.py on results.json with those baselines; plots: run it again where
+# matplotlib is). Files are written as each step ends, so a run that is stopped keeps
+# what it had done. PYTHONPATH is kept, after this checkout, so that packages installed
+# into a directory of their own are found. Exit status: non-zero when a build, a tuner
+# run, a sweep or the tests failed.
 set -uo pipefail
 
 [ $# -ge 1 ] || { sed -n '2,12p' "$0"; exit 2; }
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 LOGS="${OUT:-$(mktemp -d -t avo_gpu_tune.XXXXXX)}"
 mkdir -p "$LOGS"
-export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST="9.0" PYTHONPATH="$PWD"
-LIMIT=${LIMIT:-590} FINISH=${FINISH:-240}
+export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST="9.0" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+LIMIT=${LIMIT:-590} BASELINES=${BASELINES:-0} FINISH=$(( ${FINISH:-240} + ${BASELINES:-0} ))
 SWEEP_ARGS=${SWEEP_ARGS:---no-compile --no-liger}
 TESTS=${TESTS:-not cpu and (narrow or table or tuning or one_kernel)}
 failed=0 builds=0
@@ -101,12 +111,23 @@ sweep results after
         | sed -n '/^| op | dir | cases/,$p'
 
 if [ "$TESTS" != none ]; then
-    timeout $(( $(left) > 20 ? $(left) - 10 : 10 )) python3 -m pytest -q -p no:cacheprovider \
+    timeout $(( $(left) - BASELINES > 20 ? $(left) - BASELINES - 10 : 10 )) python3 -m pytest -q -p no:cacheprovider \
         tests/test_norms.py tests/test_tuning.py -k "$TESTS" >"$LOGS/tests-line.log" 2>&1
     rc=$?
     say "line tests rc=$rc: $(tail -n 1 "$LOGS/tests-line.log")"
     grep -E '^(FAILED|ERROR)' "$LOGS/tests-line.log" | head -n 20
     [ $rc -eq 0 ] || failed=1
+fi
+if [ "$BASELINES" -gt 0 ]; then
+    budget=$(( $(left) > 10 ? $(left) - 5 : 5 ))
+    say "baselines ($budget s at most)"
+    timeout -s TERM "$budget" python3 benchmarks/bench_ops.py --no-avo --no-progress --json "$LOGS/baselines.json" \
+        >"$LOGS/baselines.md" 2>"$LOGS/baselines.log"
+    say "baselines rc=$? (124: stopped at the limit, what ran is kept)"
+    [ -s "$LOGS/results.json" ] && [ -s "$LOGS/baselines.json" ] \
+        && python3 benchmarks/bench_report.py "$LOGS/results.json" --baselines "$LOGS/baselines.json" \
+            --out "$LOGS/report" --no-plots >"$LOGS/report.log" 2>&1 \
+        && sed -n '/^## Against the performance targets/,/^## Rows that miss/p' "$LOGS/report/results.md"
 fi
 say "done; logs in $LOGS"
 exit $failed
