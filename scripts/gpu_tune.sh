@@ -29,9 +29,9 @@
 #                --no-avo: eager, torch.compile and, where it is installed, Liger-Kernel,
 #                over the default row lengths), so that the report sets the new table
 #                against baselines of the same GPU and run (default 0: none). The time is
-#                kept from the tuner runs as FINISH is; the sweep is stopped at LIMIT and
-#                keeps what it measured (on an H200, avo, eager and torch.compile over the
-#                whole sweep took 186 s)
+#                kept from the tuner runs as FINISH is; the sweep runs after the tests, is
+#                stopped at LIMIT and keeps what it measured (on an H200, avo, eager and
+#                torch.compile over the whole sweep took 186 s)
 # Logs, gpu.txt (GPU, driver, versions), before.json and results.json (the sweeps),
 # compare.md, the tuning files and tuning.diff go to "$OUT" when it is set, otherwise to a
 # new temporary directory; with BASELINES, also baselines.json and report/results.md
@@ -111,7 +111,8 @@ sweep results after
         | sed -n '/^| op | dir | cases/,$p'
 
 if [ "$TESTS" != none ]; then
-    timeout $(( $(left) - BASELINES > 20 ? $(left) - BASELINES - 10 : 10 )) python3 -m pytest -q -p no:cacheprovider \
+    # The tests come first: what the baselines sweep does not reach, it leaves out.
+    timeout $(( $(left) > 20 ? $(left) - 10 : 10 )) python3 -m pytest -q -p no:cacheprovider \
         tests/test_norms.py tests/test_tuning.py -k "$TESTS" >"$LOGS/tests-line.log" 2>&1
     rc=$?
     say "line tests rc=$rc: $(tail -n 1 "$LOGS/tests-line.log")"
