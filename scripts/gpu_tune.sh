@@ -124,7 +124,9 @@ if [ "$BASELINES" -gt 0 ]; then
     say "baselines ($budget s at most)"
     timeout -s TERM "$budget" python3 benchmarks/bench_ops.py --no-avo --no-progress --json "$LOGS/baselines.json" \
         >"$LOGS/baselines.md" 2>"$LOGS/baselines.log"
-    say "baselines rc=$? (124: stopped at the limit, what ran is kept)"
+    rc=$?
+    say "baselines rc=$rc (124: stopped at the limit, what ran is kept)"
+    [ $rc -eq 0 ] || [ $rc -eq 124 ] || { tail -n 20 "$LOGS/baselines.log"; failed=1; }
     [ -s "$LOGS/results.json" ] && [ -s "$LOGS/baselines.json" ] \
         && python3 benchmarks/bench_report.py "$LOGS/results.json" --baselines "$LOGS/baselines.json" \
             --out "$LOGS/report" --no-plots >"$LOGS/report.log" 2>&1 \
