@@ -62,12 +62,16 @@ build() {
     say "build $builds done"
 }
 
-sweep() {  # sweep NAME LABEL
-    # shellcheck disable=SC2086  # SWEEP_ARGS: several arguments
-    python3 benchmarks/bench_ops.py $SWEEP_ARGS --no-progress --commit "$2" --json "$LOGS/$1.json" \
-        >"$LOGS/$1.md" 2>"$LOGS/$1.log" \
-        || { say "sweep $1 FAILED"; tail -n 20 "$LOGS/$1.log"; failed=1; return; }
-    say "sweep $1 done"
+sweep() {  # sweep NAME SECONDS BENCH_OPS_ARGS...: stopped after SECONDS (0: never), keeping what it measured
+    local name=$1 seconds=$2
+    shift 2
+    timeout "$seconds" python3 benchmarks/bench_ops.py "$@" --no-progress --json "$LOGS/$name.json" \
+        >"$LOGS/$name.md" 2>"$LOGS/$name.log"
+    case $? in
+        0) say "sweep $name done" ;;
+        124) say "sweep $name stopped at the limit (what it measured is kept)" ;;
+        *) say "sweep $name FAILED"; tail -n 20 "$LOGS/$name.log"; failed=1 ;;
+    esac
 }
 
 {
@@ -82,7 +86,8 @@ if [ -n "${REQUIRE_GPU:-}" ] && ! head -n 1 "$LOGS/gpu.txt" | grep -q -- "$REQUI
 fi
 
 build
-sweep before before
+# shellcheck disable=SC2086  # SWEEP_ARGS: several arguments
+sweep before 0 $SWEEP_ARGS --commit before
 step=0
 for arg in "$@"; do
     if [ "$arg" = rebuild ]; then
@@ -105,7 +110,8 @@ done
 git diff --stat tuning/
 
 build
-sweep results after
+# shellcheck disable=SC2086
+sweep results 0 $SWEEP_ARGS --commit after
 [ -s "$LOGS/before.json" ] && [ -s "$LOGS/results.json" ] \
     && python3 benchmarks/compare_runs.py "$LOGS/before.json" "$LOGS/results.json" --markdown "$LOGS/compare.md" \
         | sed -n '/^| op | dir | cases/,$p'
@@ -122,11 +128,7 @@ fi
 if [ "$BASELINES" -gt 0 ]; then
     budget=$(( $(left) > 10 ? $(left) - 5 : 5 ))
     say "baselines ($budget s at most)"
-    timeout -s TERM "$budget" python3 benchmarks/bench_ops.py --no-avo --no-progress --json "$LOGS/baselines.json" \
-        >"$LOGS/baselines.md" 2>"$LOGS/baselines.log"
-    rc=$?
-    say "baselines rc=$rc (124: stopped at the limit, what ran is kept)"
-    [ $rc -eq 0 ] || [ $rc -eq 124 ] || { tail -n 20 "$LOGS/baselines.log"; failed=1; }
+    sweep baselines "$budget" --no-avo
     [ -s "$LOGS/results.json" ] && [ -s "$LOGS/baselines.json" ] \
         && python3 benchmarks/bench_report.py "$LOGS/results.json" --baselines "$LOGS/baselines.json" \
             --out "$LOGS/report" --no-plots >"$LOGS/report.log" 2>&1 \
