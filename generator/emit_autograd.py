@@ -1,9 +1,10 @@
-"""Emit `autograd.cpp`: the Autograd kernel of every op, a torch::autograd::Function
-that runs the op below autograd, saves the tensors its backward reads (inputs; for a row
-op also per-row values and outputs of the forward) and the attributes, and in backward
-calls `<op>_backward` and sums each gradient back to its input's shape. A call whose
+"""Emit `autograd.cpp`: the Autograd kernel of every op, which runs the op below autograd
+and adds a node to the graph (avo::autograd::OpNode, csrc/autograd_node.h) that keeps the
+tensors its backward reads (inputs; for a row op also per-row values and outputs of the
+forward) and the attributes, and whose backward calls `<op>_backward` and sums each
+gradient back to its input's shape. A call whose
 inputs carry tangents (forward-mode differentiation), and one that records a graph under a
-torch.func transform (which runs no C++ autograd Function), takes the outputs from the op
+torch.func transform (which runs no C++ autograd node), takes the outputs from the op
 and their derivatives from the op's math in ATen operations (emit_aten.py); so does a
 backward with create_graph=True, for its gradients.
 
@@ -19,43 +20,60 @@ from .emit_binding import _cpp_params, _return_type, op_handle
 from .emit_kernels import header_comment
 from .schedule import OpSchedule
 
-# How an attribute is kept in ctx->saved_data, and read back.
-_SAVED_READ = {"float": "toDouble()", "int": "toInt()", "bool": "toBool()", "str": "toStringRef()"}
+# The C++ type of an attribute, as the node keeps it.
+_ATTRIBUTE_TYPE = {"float": "double", "int": "int64_t", "bool": "bool", "str": "std::string"}
+
+
+def _node_name(op: str) -> str:
+    """The node's name, grad_fn.name(): AvoAddLayernormBackward for add_layernorm."""
+    return "Avo" + "".join(part.capitalize() for part in op.split("_")) + "Backward"
 
 
 def _function(s: OpSchedule) -> list[str]:
     spec, fwd, bwd = s.spec, s.forward, s.backward
     inputs, attrs = spec.inputs, spec.attrs
-    forward_params = ", ".join(["torch::autograd::AutogradContext* ctx", _cpp_params(fwd)])
     arg_names = ", ".join([i.name for i in fwd.inputs] + [a.name for a in attrs])
     outputs = len(spec.outputs)
     saved_values = s.saved
     kept = s.kept_for_backward
-    keeps_outputs = any(kind == "output" for kind, _ in kept)
     # How a double backward gets its gradients where autograd keeps outputs in place of
     # inputs: from the op's math rewritten on the kept outputs (add_layernorm's hidden), or
     # else, where the backward reads only kept tensors, from the backward's math (softmax's y).
     from_kept = kept_output_math(s)
     backward_in_aten = from_kept is None and reads_only_kept_tensors(s)
 
+    def output(k: int) -> str:
+        return f"std::get<{k}>(results)" if saved_values or outputs > 1 else "results"
+
     def kept_in_forward(kind: str, k: int) -> str:
         if kind == "input":
             return f"{inputs[k].name}.value_or(at::Tensor())" if inputs[k].optional else inputs[k].name
         if kind == "saved":
             return f"std::get<{outputs + k}>(results)"
-        return f"std::get<{k}>(results)" if saved_values or outputs > 1 else "results"
+        return output(k)
 
-    saved = ", ".join(kept_in_forward(kind, k) for kind, k in kept)
-    if saved_values:  # run <op>_forward: the outputs, then the per-row values the backward reads
-        run = [f"    const auto results = forward_saving_op().call({arg_names});"]
-        returned = "{" + ", ".join(f"std::get<{k}>(results)" for k in range(outputs)) + "}"
-    elif keeps_outputs:  # the backward reads outputs: keep them by name
-        run = [f"    const auto results = forward_op().call({arg_names});"]
-        returned = "{results}" if outputs == 1 else "avo::autograd::as_list(results)"
-    else:
-        result = "forward_op().call(" + arg_names + ")"
-        run = []
-        returned = f"{{{result}}}" if outputs == 1 else f"avo::autograd::as_list({result})"
+    # <op>_forward returns the outputs, then the per-row values the backward reads.
+    running = "forward_saving_op" if saved_values else "forward_op"
+    edges = ", ".join(f"{i.name}.value_or(at::Tensor())" if i.optional else i.name for i in inputs)
+    returned = output(0) if outputs == 1 else "{" + ", ".join(output(k) for k in range(outputs)) + "}"
+    recorded = ["// A call that records a graph: the op below autograd, then the node that runs its backward,",
+                "// with the op's inputs as its next edges and the tensors that backward reads.",
+                f"{_return_type(fwd)} differentiable_call({_cpp_params(fwd)}) {{",
+                "  const auto results = [&] {",
+                "    at::AutoDispatchBelowADInplaceOrView below_autograd;",
+                f"    return {running}().call({arg_names});",
+                "  }();",
+                "  const auto node = avo::autograd::make_node<Node>();",
+                f"  node->set_next_edges(torch::autograd::collect_next_edges({edges}));",
+                *[f"  torch::autograd::set_history({output(k)}, node);" for k in range(outputs)],
+                # An output is saved after its history is set: the SavedVariable then knows the
+                # node as the output's own and keeps no reference to it.
+                *[f"  node->save({kept_in_forward(kind, k)}, /*is_output=*/{'true' if kind == 'output' else 'false'});"
+                  for kind, k in kept],
+                *([f"  node->attributes = {{{', '.join(f'std::string({a.name})' if a.type == 'str' else a.name for a in attrs)}}};"]
+                  if attrs else []),
+                f"  return {returned};",
+                "}", ""]
     lines = [f"// {spec.path}",
              f"namespace {spec.name} {{", "",
              "// The op and its backward, called below autograd (each handle looked up once).",
@@ -74,22 +92,20 @@ def _function(s: OpSchedule) -> list[str]:
              *emit_math_in_aten(s),
              *(emit_math_from_kept(s, from_kept) if from_kept else []),
              *(emit_backward_math_in_aten(s) if backward_in_aten else []),
-             "class Function : public torch::autograd::Function<Function> {",
-             " public:",
-             f"  static torch::autograd::variable_list forward({forward_params}) {{",
-             "    at::AutoDispatchBelowADInplaceOrView below_autograd;",
-             *run,
-             f"    ctx->save_for_backward({{{saved}}});"]
-    lines += [f'    ctx->saved_data["{a.name}"] = {"std::string(" + a.name + ")" if a.type == "str" else a.name};'
-              for a in attrs]
-    lines += [f"    return {returned};", "  }", "",
-              "  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,",
-              "                                                 torch::autograd::variable_list grads) {",
-              "    const torch::autograd::variable_list saved = ctx->get_saved_variables();"]
+             f"// The backward of a differentiable call, which its node (avo::autograd::OpNode, csrc/autograd_node.h)",
+             "// runs: the gradients of the tensor inputs from those of the outputs.",
+             "struct Backward {",
+             f'  static constexpr const char* name = "{_node_name(spec.name)}";',
+             f"  using Attributes = std::tuple<{', '.join(_ATTRIBUTE_TYPE[a.type] for a in attrs)}>;", "",
+             "  static torch::autograd::variable_list gradients(const torch::autograd::variable_list& grads,",
+             "                                                  const torch::autograd::variable_list& saved,",
+             f"                                                  {'const Attributes& attributes' if attrs else 'const Attributes&'}) {{"]
+    if attrs:
+        lines.append(f"    [[maybe_unused]] const auto& [{', '.join(a.name for a in attrs)}] = attributes;")
     call = [f"grads[{k}]" for k in range(outputs)]
     call += [f"avo::autograd::present(saved[{j}])" if kind == "input" and inputs[k].optional else f"saved[{j}]"
              for j, (kind, k) in enumerate(kept)]
-    saved_attrs = [f'ctx->saved_data["{a.name}"].{_SAVED_READ[a.type]}' for a in attrs]
+    saved_attrs = [a.name for a in attrs]
     call += saved_attrs
     twice_differentiable = (from_kept is not None or backward_in_aten
                             or all(("input", k) in kept for k in range(len(inputs))))
@@ -98,7 +114,7 @@ def _function(s: OpSchedule) -> list[str]:
         # in ATen operations from the kept outputs (softmax's y), whose graph leads back to
         # this op: torch differentiates it again as it would its own softmax backward.
         math = f"backward_math_in_aten({', '.join(call)})"
-        returned = [f"gradients[{o}]" for o in s.gradient_outputs] + ["at::Tensor()"] * len(attrs)
+        returned = [f"gradients[{o}]" for o in s.gradient_outputs]
         lines += ["    if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own",
                   f"      const std::vector<at::Tensor> gradients = {math};",
                   f"      return {{{', '.join(returned)}}};", "    }"]
@@ -125,7 +141,7 @@ def _function(s: OpSchedule) -> list[str]:
         if left_out:
             kept_grads = [f"gradients[{j}]" for j in range(len(outputs_kept))]
             lines.append(f"      const std::vector<at::Tensor> left_out = left_out_gradients({', '.join(kept_grads + saved_attrs)});")
-        lines += [f"      return {{{', '.join(returned + ['at::Tensor()'] * len(attrs))}}};", "    }"]
+        lines += [f"      return {{{', '.join(returned)}}};", "    }"]
     gradients = f"backward_op().call({', '.join(call)})"
     if len(bwd.outputs) == 1:
         lines.append(f"    const torch::autograd::variable_list gradients = {{{gradients}}};")
@@ -136,14 +152,10 @@ def _function(s: OpSchedule) -> list[str]:
     # it as it is.
     returned = [f"avo::autograd::sum_to_input(gradients[{o}], saved[{kept.index(('input', k))}])"
                 if ("input", k) in kept else f"gradients[{o}]" for k, o in enumerate(s.gradient_outputs)]
-    returned += ["at::Tensor()"] * len(attrs)  # attributes have no gradient
-    lines += [f"    return {{{', '.join(returned)}}};", "  }", "};", ""]
-    first = "Function::apply(" + arg_names + ")"
-    if outputs == 1:
-        body = [f"  return {first}[0];"]
-    else:
-        body = [f"  const torch::autograd::variable_list outputs = {first};",
-                "  return {" + ", ".join(f"outputs[{k}]" for k in range(outputs)) + "};"]
+    lines += [f"    return {{{', '.join(returned)}}};", "  }", "};", "",
+              "using Node = avo::autograd::OpNode<Backward>;", ""]
+    lines += recorded
+    body = [f"  return differentiable_call({arg_names});"]
     tensors = ", ".join(i.name for i in fwd.inputs)
     if outputs == 1:
         grafted = ["  return avo::autograd::with_derivatives_of(outputs, math[0]);"]
@@ -154,7 +166,7 @@ def _function(s: OpSchedule) -> list[str]:
     lines += ["// The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry",
               "// tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph",
               "// under a torch.func transform (grad, vjp, jacrev; vmap), which runs no C++ autograd",
-              "// Function. Tangents and graph both come from the math, so that they compose (a jvp of",
+              "// node. Tangents and graph both come from the math, so that they compose (a jvp of",
               "// a grad).",
               f"{_return_type(fwd)} math_call({_cpp_params(fwd)}) {{",
               "  // On detached inputs: values without a derivative at any level of nested transforms",
@@ -179,7 +191,7 @@ def _function(s: OpSchedule) -> list[str]:
     if twice_differentiable:
         why = (f"differentiate {fwd.qualified_name} itself (its double backward takes the gradients from its math, "
                "not from this op)")
-        comment = ["// The backward op has no derivative of its own (Function::backward takes the gradients",
+        comment = ["// The backward op has no derivative of its own (Backward::gradients takes the gradients",
                    "// of a double backward from the math in ATen instead): a call that would record a graph",
                    "// raises, where torch's fallback would warn and let no second derivative reach the inputs."]
     else:
@@ -219,12 +231,12 @@ def emit_autograd(schedules: list[OpSchedule], namespace: str = "avo") -> str:
              "#include <c10/core/impl/LocalDispatchKeySet.h>",
              "#include <c10/util/accumulate.h>",
              "#include <torch/csrc/autograd/autograd.h>",
-             "#include <torch/csrc/autograd/custom_function.h>",
              "#include <torch/library.h>", "",
              "#include <cmath>", "#include <optional>", "#include <string>", "#include <tuple>", "#include <vector>", "",
-             "// The Autograd kernel of every op: a torch::autograd::Function per op that runs the op",
-             "// below autograd, saves what its backward reads, and whose backward calls <op>_backward;",
-             "// tangents, and graphs under torch.func, from the op's math in ATen operations.",
+             '#include "autograd_node.h"', "",
+             "// The Autograd kernel of every op: it runs the op below autograd and adds a node to the",
+             "// graph that keeps what the backward reads and calls <op>_backward; tangents, and graphs",
+             "// under torch.func, come from the op's math in ATen operations.",
              "namespace avo::autograd {", "",
              "// A saved optional input: undefined when the call passed none.",
              "inline std::optional<at::Tensor> present(const at::Tensor& saved) {",
@@ -236,8 +248,7 @@ def emit_autograd(schedules: list[OpSchedule], namespace: str = "avo") -> str:
              "  if (!input.defined()) return at::Tensor();",
              "  return gradient.sizes() == input.sizes() ? gradient : gradient.sum_to_size(input.sizes());",
              "}", "",
-             "// Whether a call records a graph: grad mode on and an input that requires grad. Calls",
-             "// that do not skip torch::autograd::Function::apply, which builds a node regardless.",
+             "// Whether a call records a graph: grad mode on and an input that requires grad.",
              "inline bool requires_grad(const at::Tensor& t) { return t.defined() && t.requires_grad(); }",
              "inline bool requires_grad(const std::optional<at::Tensor>& t) { return t.has_value() && requires_grad(*t); }",
              "template <typename... Tensors>",
@@ -257,7 +268,7 @@ def emit_autograd(schedules: list[OpSchedule], namespace: str = "avo") -> str:
              "  return t.has_value() ? std::optional<at::Tensor>(t->detach()) : std::nullopt;",
              "}", "",
              "// Whether a torch.func transform is active (its layers keep this key in the thread's",
-             "// dispatch keys): they run no C++ autograd Function.",
+             "// dispatch keys): they run no C++ autograd node.",
              "inline bool in_transform() {",
              "  return c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerBackMode);",
              "}", "",

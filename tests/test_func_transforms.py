@@ -1,7 +1,7 @@
 """Every op under torch.func's transforms and forward-mode differentiation, against the
 same transforms of float64 torch references: torch.func.jvp, jacfwd and
 torch.autograd.forward_ad dual tensors (tangents); torch.func.grad, vjp, jacrev, hessian
-and vmap of calls that record a graph (which run no C++ autograd Function); double
+and vmap of calls that record a graph (which run no C++ autograd node); double
 backward (create_graph=True); the ops' vmap rules (one call for the whole batch). The
 outputs' values stay the kernels'; the ops that have no forward-mode derivative
 (<op>_backward, <op>_forward) raise naming themselves.

@@ -6,7 +6,6 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/accumulate.h>
 #include <torch/csrc/autograd/autograd.h>
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <cmath>
@@ -15,9 +14,11 @@
 #include <tuple>
 #include <vector>
 
-// The Autograd kernel of every op: a torch::autograd::Function per op that runs the op
-// below autograd, saves what its backward reads, and whose backward calls <op>_backward;
-// tangents, and graphs under torch.func, from the op's math in ATen operations.
+#include "autograd_node.h"
+
+// The Autograd kernel of every op: it runs the op below autograd and adds a node to the
+// graph that keeps what the backward reads and calls <op>_backward; tangents, and graphs
+// under torch.func, come from the op's math in ATen operations.
 namespace avo::autograd {
 
 // A saved optional input: undefined when the call passed none.
@@ -32,8 +33,7 @@ inline at::Tensor sum_to_input(const at::Tensor& gradient, const at::Tensor& inp
   return gradient.sizes() == input.sizes() ? gradient : gradient.sum_to_size(input.sizes());
 }
 
-// Whether a call records a graph: grad mode on and an input that requires grad. Calls
-// that do not skip torch::autograd::Function::apply, which builds a node regardless.
+// Whether a call records a graph: grad mode on and an input that requires grad.
 inline bool requires_grad(const at::Tensor& t) { return t.defined() && t.requires_grad(); }
 inline bool requires_grad(const std::optional<at::Tensor>& t) { return t.has_value() && requires_grad(*t); }
 template <typename... Tensors>
@@ -56,7 +56,7 @@ inline std::optional<at::Tensor> detached(const std::optional<at::Tensor>& t) {
 }
 
 // Whether a torch.func transform is active (its layers keep this key in the thread's
-// dispatch keys): they run no C++ autograd Function.
+// dispatch keys): they run no C++ autograd node.
 inline bool in_transform() {
   return c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerBackMode);
 }
@@ -192,35 +192,54 @@ std::vector<at::Tensor> left_out_gradients(const at::Tensor& grad_hidden_arg, do
   return {grad_hidden, grad_hidden};
 }
 
-class Function : public torch::autograd::Function<Function> {
- public:
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    const auto results = forward_saving_op().call(x, residual, weight, bias, eps);
-    ctx->save_for_backward({std::get<2>(results), std::get<3>(results), std::get<0>(results), weight.value_or(at::Tensor()), bias.value_or(at::Tensor())});
-    ctx->saved_data["eps"] = eps;
-    return {std::get<0>(results), std::get<1>(results)};
-  }
+// The backward of a differentiable call, which its node (avo::autograd::OpNode, csrc/autograd_node.h)
+// runs: the gradients of the tensor inputs from those of the outputs.
+struct Backward {
+  static constexpr const char* name = "AvoAddLayernormBackward";
+  using Attributes = std::tuple<double>;
 
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+  static torch::autograd::variable_list gradients(const torch::autograd::variable_list& grads,
+                                                  const torch::autograd::variable_list& saved,
+                                                  const Attributes& attributes) {
+    [[maybe_unused]] const auto& [eps] = attributes;
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
       const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[2], saved[3], saved[4]});
       const torch::autograd::variable_list gradients = avo::autograd::differentiable_gradients(
-          math_from_kept(inputs[0], avo::autograd::present(inputs[1]), avo::autograd::present(inputs[2]), ctx->saved_data["eps"].toDouble()), inputs, grads);
-      const std::vector<at::Tensor> left_out = left_out_gradients(gradients[0], ctx->saved_data["eps"].toDouble());
-      return {left_out[0], left_out[1], gradients[1], gradients[2], at::Tensor()};
+          math_from_kept(inputs[0], avo::autograd::present(inputs[1]), avo::autograd::present(inputs[2]), eps), inputs, grads);
+      const std::vector<at::Tensor> left_out = left_out_gradients(gradients[0], eps);
+      return {left_out[0], left_out[1], gradients[1], gradients[2]};
     }
-    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], grads[1], saved[0], saved[1], saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), ctx->saved_data["eps"].toDouble()));
-    return {gradients[0], gradients[0], avo::autograd::sum_to_input(gradients[1], saved[3]), avo::autograd::sum_to_input(gradients[2], saved[4]), at::Tensor()};
+    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], grads[1], saved[0], saved[1], saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), eps));
+    return {gradients[0], gradients[0], avo::autograd::sum_to_input(gradients[1], saved[3]), avo::autograd::sum_to_input(gradients[2], saved[4])};
   }
 };
+
+using Node = avo::autograd::OpNode<Backward>;
+
+// A call that records a graph: the op below autograd, then the node that runs its backward,
+// with the op's inputs as its next edges and the tensors that backward reads.
+std::tuple<at::Tensor, at::Tensor> differentiable_call(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+  const auto results = [&] {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return forward_saving_op().call(x, residual, weight, bias, eps);
+  }();
+  const auto node = avo::autograd::make_node<Node>();
+  node->set_next_edges(torch::autograd::collect_next_edges(x, residual, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())));
+  torch::autograd::set_history(std::get<0>(results), node);
+  torch::autograd::set_history(std::get<1>(results), node);
+  node->save(std::get<2>(results), /*is_output=*/false);
+  node->save(std::get<3>(results), /*is_output=*/false);
+  node->save(std::get<0>(results), /*is_output=*/true);
+  node->save(weight.value_or(at::Tensor()), /*is_output=*/false);
+  node->save(bias.value_or(at::Tensor()), /*is_output=*/false);
+  node->attributes = {eps};
+  return {std::get<0>(results), std::get<1>(results)};
+}
 
 // The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
 // tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
 // under a torch.func transform (grad, vjp, jacrev; vmap), which runs no C++ autograd
-// Function. Tangents and graph both come from the math, so that they compose (a jvp of
+// node. Tangents and graph both come from the math, so that they compose (a jvp of
 // a grad).
 std::tuple<at::Tensor, at::Tensor> math_call(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
   // On detached inputs: values without a derivative at any level of nested transforms
@@ -237,11 +256,10 @@ std::tuple<at::Tensor, at::Tensor> autograd_kernel(c10::DispatchKeySet keys, con
     return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x, residual, weight, bias, eps);
   }
   if (avo::autograd::in_transform()) return math_call(x, residual, weight, bias, eps);
-  const torch::autograd::variable_list outputs = Function::apply(x, residual, weight, bias, eps);
-  return {outputs[0], outputs[1]};
+  return differentiable_call(x, residual, weight, bias, eps);
 }
 
-// The backward op has no derivative of its own (Function::backward takes the gradients
+// The backward op has no derivative of its own (Backward::gradients takes the gradients
 // of a double backward from the math in ATen instead): a call that would record a graph
 // raises, where torch's fallback would warn and let no second derivative reach the inputs.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& hidden, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
@@ -315,35 +333,52 @@ std::vector<at::Tensor> left_out_gradients(const at::Tensor& grad_hidden_arg, do
   return {grad_hidden, grad_hidden};
 }
 
-class Function : public torch::autograd::Function<Function> {
- public:
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    const auto results = forward_saving_op().call(x, residual, weight, eps);
-    ctx->save_for_backward({std::get<2>(results), std::get<0>(results), weight.value_or(at::Tensor())});
-    ctx->saved_data["eps"] = eps;
-    return {std::get<0>(results), std::get<1>(results)};
-  }
+// The backward of a differentiable call, which its node (avo::autograd::OpNode, csrc/autograd_node.h)
+// runs: the gradients of the tensor inputs from those of the outputs.
+struct Backward {
+  static constexpr const char* name = "AvoAddRmsnormBackward";
+  using Attributes = std::tuple<double>;
 
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+  static torch::autograd::variable_list gradients(const torch::autograd::variable_list& grads,
+                                                  const torch::autograd::variable_list& saved,
+                                                  const Attributes& attributes) {
+    [[maybe_unused]] const auto& [eps] = attributes;
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
       const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[1], saved[2]});
       const torch::autograd::variable_list gradients = avo::autograd::differentiable_gradients(
-          math_from_kept(inputs[0], avo::autograd::present(inputs[1]), ctx->saved_data["eps"].toDouble()), inputs, grads);
-      const std::vector<at::Tensor> left_out = left_out_gradients(gradients[0], ctx->saved_data["eps"].toDouble());
-      return {left_out[0], left_out[1], gradients[1], at::Tensor()};
+          math_from_kept(inputs[0], avo::autograd::present(inputs[1]), eps), inputs, grads);
+      const std::vector<at::Tensor> left_out = left_out_gradients(gradients[0], eps);
+      return {left_out[0], left_out[1], gradients[1]};
     }
-    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], grads[1], saved[0], saved[1], avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble()));
-    return {gradients[0], gradients[0], avo::autograd::sum_to_input(gradients[1], saved[2]), at::Tensor()};
+    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], grads[1], saved[0], saved[1], avo::autograd::present(saved[2]), eps));
+    return {gradients[0], gradients[0], avo::autograd::sum_to_input(gradients[1], saved[2])};
   }
 };
+
+using Node = avo::autograd::OpNode<Backward>;
+
+// A call that records a graph: the op below autograd, then the node that runs its backward,
+// with the op's inputs as its next edges and the tensors that backward reads.
+std::tuple<at::Tensor, at::Tensor> differentiable_call(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
+  const auto results = [&] {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return forward_saving_op().call(x, residual, weight, eps);
+  }();
+  const auto node = avo::autograd::make_node<Node>();
+  node->set_next_edges(torch::autograd::collect_next_edges(x, residual, weight.value_or(at::Tensor())));
+  torch::autograd::set_history(std::get<0>(results), node);
+  torch::autograd::set_history(std::get<1>(results), node);
+  node->save(std::get<2>(results), /*is_output=*/false);
+  node->save(std::get<0>(results), /*is_output=*/true);
+  node->save(weight.value_or(at::Tensor()), /*is_output=*/false);
+  node->attributes = {eps};
+  return {std::get<0>(results), std::get<1>(results)};
+}
 
 // The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
 // tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
 // under a torch.func transform (grad, vjp, jacrev; vmap), which runs no C++ autograd
-// Function. Tangents and graph both come from the math, so that they compose (a jvp of
+// node. Tangents and graph both come from the math, so that they compose (a jvp of
 // a grad).
 std::tuple<at::Tensor, at::Tensor> math_call(const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight, double eps) {
   // On detached inputs: values without a derivative at any level of nested transforms
@@ -360,11 +395,10 @@ std::tuple<at::Tensor, at::Tensor> autograd_kernel(c10::DispatchKeySet keys, con
     return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x, residual, weight, eps);
   }
   if (avo::autograd::in_transform()) return math_call(x, residual, weight, eps);
-  const torch::autograd::variable_list outputs = Function::apply(x, residual, weight, eps);
-  return {outputs[0], outputs[1]};
+  return differentiable_call(x, residual, weight, eps);
 }
 
-// The backward op has no derivative of its own (Function::backward takes the gradients
+// The backward op has no derivative of its own (Backward::gradients takes the gradients
 // of a double backward from the math in ATen instead): a call that would record a graph
 // raises, where torch's fallback would warn and let no second derivative reach the inputs.
 std::tuple<at::Tensor, at::Tensor> backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_hidden, const at::Tensor& grad_y, const at::Tensor& rrms, const at::Tensor& hidden, const std::optional<at::Tensor>& weight, double eps) {
@@ -431,35 +465,52 @@ std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const std::optiona
   }
 }
 
-class Function : public torch::autograd::Function<Function> {
- public:
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    const auto results = forward_saving_op().call(x, gamma, beta, eps, swish);
-    ctx->save_for_backward({std::get<1>(results), std::get<2>(results), x, gamma.value_or(at::Tensor()), beta.value_or(at::Tensor())});
-    ctx->saved_data["eps"] = eps;
-    ctx->saved_data["swish"] = swish;
-    return {std::get<0>(results)};
-  }
+// The backward of a differentiable call, which its node (avo::autograd::OpNode, csrc/autograd_node.h)
+// runs: the gradients of the tensor inputs from those of the outputs.
+struct Backward {
+  static constexpr const char* name = "AvoChannelNormBackward";
+  using Attributes = std::tuple<double, bool>;
 
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+  static torch::autograd::variable_list gradients(const torch::autograd::variable_list& grads,
+                                                  const torch::autograd::variable_list& saved,
+                                                  const Attributes& attributes) {
+    [[maybe_unused]] const auto& [eps, swish] = attributes;
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
       const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[2], saved[3], saved[4]});
       const torch::autograd::variable_list gradients = avo::autograd::differentiable_gradients(
-          math_in_aten(inputs[0], avo::autograd::present(inputs[1]), avo::autograd::present(inputs[2]), ctx->saved_data["eps"].toDouble(), ctx->saved_data["swish"].toBool()), inputs, grads);
-      return {gradients[0], gradients[1], gradients[2], at::Tensor(), at::Tensor()};
+          math_in_aten(inputs[0], avo::autograd::present(inputs[1]), avo::autograd::present(inputs[2]), eps, swish), inputs, grads);
+      return {gradients[0], gradients[1], gradients[2]};
     }
-    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], saved[1], saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), ctx->saved_data["eps"].toDouble(), ctx->saved_data["swish"].toBool()));
-    return {avo::autograd::sum_to_input(gradients[0], saved[2]), avo::autograd::sum_to_input(gradients[1], saved[3]), avo::autograd::sum_to_input(gradients[2], saved[4]), at::Tensor(), at::Tensor()};
+    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], saved[1], saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), eps, swish));
+    return {avo::autograd::sum_to_input(gradients[0], saved[2]), avo::autograd::sum_to_input(gradients[1], saved[3]), avo::autograd::sum_to_input(gradients[2], saved[4])};
   }
 };
+
+using Node = avo::autograd::OpNode<Backward>;
+
+// A call that records a graph: the op below autograd, then the node that runs its backward,
+// with the op's inputs as its next edges and the tensors that backward reads.
+at::Tensor differentiable_call(const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
+  const auto results = [&] {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return forward_saving_op().call(x, gamma, beta, eps, swish);
+  }();
+  const auto node = avo::autograd::make_node<Node>();
+  node->set_next_edges(torch::autograd::collect_next_edges(x, gamma.value_or(at::Tensor()), beta.value_or(at::Tensor())));
+  torch::autograd::set_history(std::get<0>(results), node);
+  node->save(std::get<1>(results), /*is_output=*/false);
+  node->save(std::get<2>(results), /*is_output=*/false);
+  node->save(x, /*is_output=*/false);
+  node->save(gamma.value_or(at::Tensor()), /*is_output=*/false);
+  node->save(beta.value_or(at::Tensor()), /*is_output=*/false);
+  node->attributes = {eps, swish};
+  return std::get<0>(results);
+}
 
 // The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
 // tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
 // under a torch.func transform (grad, vjp, jacrev; vmap), which runs no C++ autograd
-// Function. Tangents and graph both come from the math, so that they compose (a jvp of
+// node. Tangents and graph both come from the math, so that they compose (a jvp of
 // a grad).
 at::Tensor math_call(const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
   // On detached inputs: values without a derivative at any level of nested transforms
@@ -476,10 +527,10 @@ at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x, const 
     return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x, gamma, beta, eps, swish);
   }
   if (avo::autograd::in_transform()) return math_call(x, gamma, beta, eps, swish);
-  return Function::apply(x, gamma, beta, eps, swish)[0];
+  return differentiable_call(x, gamma, beta, eps, swish);
 }
 
-// The backward op has no derivative of its own (Function::backward takes the gradients
+// The backward op has no derivative of its own (Backward::gradients takes the gradients
 // of a double backward from the math in ATen instead): a call that would record a graph
 // raises, where torch's fallback would warn and let no second derivative reach the inputs.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& x, const std::optional<at::Tensor>& gamma, const std::optional<at::Tensor>& beta, double eps, bool swish) {
@@ -533,33 +584,48 @@ std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, c10::string_view a
   }
 }
 
-class Function : public torch::autograd::Function<Function> {
- public:
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, c10::string_view approximate) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    ctx->save_for_backward({x});
-    ctx->saved_data["approximate"] = std::string(approximate);
-    return {forward_op().call(x, approximate)};
-  }
+// The backward of a differentiable call, which its node (avo::autograd::OpNode, csrc/autograd_node.h)
+// runs: the gradients of the tensor inputs from those of the outputs.
+struct Backward {
+  static constexpr const char* name = "AvoGeluBackward";
+  using Attributes = std::tuple<std::string>;
 
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+  static torch::autograd::variable_list gradients(const torch::autograd::variable_list& grads,
+                                                  const torch::autograd::variable_list& saved,
+                                                  const Attributes& attributes) {
+    [[maybe_unused]] const auto& [approximate] = attributes;
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
       const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[0]});
       const torch::autograd::variable_list gradients = avo::autograd::differentiable_gradients(
-          math_in_aten(inputs[0], ctx->saved_data["approximate"].toStringRef()), inputs, grads);
-      return {gradients[0], at::Tensor()};
+          math_in_aten(inputs[0], approximate), inputs, grads);
+      return {gradients[0]};
     }
-    const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[0], ctx->saved_data["approximate"].toStringRef())};
-    return {avo::autograd::sum_to_input(gradients[0], saved[0]), at::Tensor()};
+    const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[0], approximate)};
+    return {avo::autograd::sum_to_input(gradients[0], saved[0])};
   }
 };
+
+using Node = avo::autograd::OpNode<Backward>;
+
+// A call that records a graph: the op below autograd, then the node that runs its backward,
+// with the op's inputs as its next edges and the tensors that backward reads.
+at::Tensor differentiable_call(const at::Tensor& x, c10::string_view approximate) {
+  const auto results = [&] {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return forward_op().call(x, approximate);
+  }();
+  const auto node = avo::autograd::make_node<Node>();
+  node->set_next_edges(torch::autograd::collect_next_edges(x));
+  torch::autograd::set_history(results, node);
+  node->save(x, /*is_output=*/false);
+  node->attributes = {std::string(approximate)};
+  return results;
+}
 
 // The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
 // tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
 // under a torch.func transform (grad, vjp, jacrev; vmap), which runs no C++ autograd
-// Function. Tangents and graph both come from the math, so that they compose (a jvp of
+// node. Tangents and graph both come from the math, so that they compose (a jvp of
 // a grad).
 at::Tensor math_call(const at::Tensor& x, c10::string_view approximate) {
   // On detached inputs: values without a derivative at any level of nested transforms
@@ -576,10 +642,10 @@ at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x, c10::s
     return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x, approximate);
   }
   if (avo::autograd::in_transform()) return math_call(x, approximate);
-  return Function::apply(x, approximate)[0];
+  return differentiable_call(x, approximate);
 }
 
-// The backward op has no derivative of its own (Function::backward takes the gradients
+// The backward op has no derivative of its own (Backward::gradients takes the gradients
 // of a double backward from the math in ATen instead): a call that would record a graph
 // raises, where torch's fallback would warn and let no second derivative reach the inputs.
 at::Tensor backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& x, c10::string_view approximate) {
@@ -627,34 +693,52 @@ std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const std::optiona
   return {y};
 }
 
-class Function : public torch::autograd::Function<Function> {
- public:
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    const auto results = forward_saving_op().call(x, weight, bias, eps);
-    ctx->save_for_backward({std::get<1>(results), std::get<2>(results), x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())});
-    ctx->saved_data["eps"] = eps;
-    return {std::get<0>(results)};
-  }
+// The backward of a differentiable call, which its node (avo::autograd::OpNode, csrc/autograd_node.h)
+// runs: the gradients of the tensor inputs from those of the outputs.
+struct Backward {
+  static constexpr const char* name = "AvoLayernormBackward";
+  using Attributes = std::tuple<double>;
 
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+  static torch::autograd::variable_list gradients(const torch::autograd::variable_list& grads,
+                                                  const torch::autograd::variable_list& saved,
+                                                  const Attributes& attributes) {
+    [[maybe_unused]] const auto& [eps] = attributes;
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
       const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[2], saved[3], saved[4]});
       const torch::autograd::variable_list gradients = avo::autograd::differentiable_gradients(
-          math_in_aten(inputs[0], avo::autograd::present(inputs[1]), avo::autograd::present(inputs[2]), ctx->saved_data["eps"].toDouble()), inputs, grads);
-      return {gradients[0], gradients[1], gradients[2], at::Tensor()};
+          math_in_aten(inputs[0], avo::autograd::present(inputs[1]), avo::autograd::present(inputs[2]), eps), inputs, grads);
+      return {gradients[0], gradients[1], gradients[2]};
     }
-    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], saved[1], saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), ctx->saved_data["eps"].toDouble()));
-    return {avo::autograd::sum_to_input(gradients[0], saved[2]), avo::autograd::sum_to_input(gradients[1], saved[3]), avo::autograd::sum_to_input(gradients[2], saved[4]), at::Tensor()};
+    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], saved[1], saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), eps));
+    return {avo::autograd::sum_to_input(gradients[0], saved[2]), avo::autograd::sum_to_input(gradients[1], saved[3]), avo::autograd::sum_to_input(gradients[2], saved[4])};
   }
 };
+
+using Node = avo::autograd::OpNode<Backward>;
+
+// A call that records a graph: the op below autograd, then the node that runs its backward,
+// with the op's inputs as its next edges and the tensors that backward reads.
+at::Tensor differentiable_call(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+  const auto results = [&] {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return forward_saving_op().call(x, weight, bias, eps);
+  }();
+  const auto node = avo::autograd::make_node<Node>();
+  node->set_next_edges(torch::autograd::collect_next_edges(x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())));
+  torch::autograd::set_history(std::get<0>(results), node);
+  node->save(std::get<1>(results), /*is_output=*/false);
+  node->save(std::get<2>(results), /*is_output=*/false);
+  node->save(x, /*is_output=*/false);
+  node->save(weight.value_or(at::Tensor()), /*is_output=*/false);
+  node->save(bias.value_or(at::Tensor()), /*is_output=*/false);
+  node->attributes = {eps};
+  return std::get<0>(results);
+}
 
 // The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
 // tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
 // under a torch.func transform (grad, vjp, jacrev; vmap), which runs no C++ autograd
-// Function. Tangents and graph both come from the math, so that they compose (a jvp of
+// node. Tangents and graph both come from the math, so that they compose (a jvp of
 // a grad).
 at::Tensor math_call(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
   // On detached inputs: values without a derivative at any level of nested transforms
@@ -671,10 +755,10 @@ at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x, const 
     return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x, weight, bias, eps);
   }
   if (avo::autograd::in_transform()) return math_call(x, weight, bias, eps);
-  return Function::apply(x, weight, bias, eps)[0];
+  return differentiable_call(x, weight, bias, eps);
 }
 
-// The backward op has no derivative of its own (Function::backward takes the gradients
+// The backward op has no derivative of its own (Backward::gradients takes the gradients
 // of a double backward from the math in ATen instead): a call that would record a graph
 // raises, where torch's fallback would warn and let no second derivative reach the inputs.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
@@ -728,18 +812,15 @@ std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg) {
   return {y};
 }
 
-class Function : public torch::autograd::Function<Function> {
- public:
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    const auto results = forward_saving_op().call(x);
-    ctx->save_for_backward({std::get<1>(results), std::get<2>(results), x});
-    return {std::get<0>(results)};
-  }
+// The backward of a differentiable call, which its node (avo::autograd::OpNode, csrc/autograd_node.h)
+// runs: the gradients of the tensor inputs from those of the outputs.
+struct Backward {
+  static constexpr const char* name = "AvoLogSoftmaxBackward";
+  using Attributes = std::tuple<>;
 
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+  static torch::autograd::variable_list gradients(const torch::autograd::variable_list& grads,
+                                                  const torch::autograd::variable_list& saved,
+                                                  const Attributes&) {
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
       const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[2]});
       const torch::autograd::variable_list gradients = avo::autograd::differentiable_gradients(
@@ -751,10 +832,28 @@ class Function : public torch::autograd::Function<Function> {
   }
 };
 
+using Node = avo::autograd::OpNode<Backward>;
+
+// A call that records a graph: the op below autograd, then the node that runs its backward,
+// with the op's inputs as its next edges and the tensors that backward reads.
+at::Tensor differentiable_call(const at::Tensor& x) {
+  const auto results = [&] {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return forward_saving_op().call(x);
+  }();
+  const auto node = avo::autograd::make_node<Node>();
+  node->set_next_edges(torch::autograd::collect_next_edges(x));
+  torch::autograd::set_history(std::get<0>(results), node);
+  node->save(std::get<1>(results), /*is_output=*/false);
+  node->save(std::get<2>(results), /*is_output=*/false);
+  node->save(x, /*is_output=*/false);
+  return std::get<0>(results);
+}
+
 // The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
 // tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
 // under a torch.func transform (grad, vjp, jacrev; vmap), which runs no C++ autograd
-// Function. Tangents and graph both come from the math, so that they compose (a jvp of
+// node. Tangents and graph both come from the math, so that they compose (a jvp of
 // a grad).
 at::Tensor math_call(const at::Tensor& x) {
   // On detached inputs: values without a derivative at any level of nested transforms
@@ -771,10 +870,10 @@ at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x) {
     return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x);
   }
   if (avo::autograd::in_transform()) return math_call(x);
-  return Function::apply(x)[0];
+  return differentiable_call(x);
 }
 
-// The backward op has no derivative of its own (Function::backward takes the gradients
+// The backward op has no derivative of its own (Backward::gradients takes the gradients
 // of a double backward from the math in ATen instead): a call that would record a graph
 // raises, where torch's fallback would warn and let no second derivative reach the inputs.
 at::Tensor backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& saved_0, const at::Tensor& total, const at::Tensor& x) {
@@ -829,34 +928,50 @@ std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const std::optiona
   return {y};
 }
 
-class Function : public torch::autograd::Function<Function> {
- public:
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    const auto results = forward_saving_op().call(x, weight, eps);
-    ctx->save_for_backward({std::get<1>(results), x, weight.value_or(at::Tensor())});
-    ctx->saved_data["eps"] = eps;
-    return {std::get<0>(results)};
-  }
+// The backward of a differentiable call, which its node (avo::autograd::OpNode, csrc/autograd_node.h)
+// runs: the gradients of the tensor inputs from those of the outputs.
+struct Backward {
+  static constexpr const char* name = "AvoRmsnormBackward";
+  using Attributes = std::tuple<double>;
 
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+  static torch::autograd::variable_list gradients(const torch::autograd::variable_list& grads,
+                                                  const torch::autograd::variable_list& saved,
+                                                  const Attributes& attributes) {
+    [[maybe_unused]] const auto& [eps] = attributes;
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
       const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[1], saved[2]});
       const torch::autograd::variable_list gradients = avo::autograd::differentiable_gradients(
-          math_in_aten(inputs[0], avo::autograd::present(inputs[1]), ctx->saved_data["eps"].toDouble()), inputs, grads);
-      return {gradients[0], gradients[1], at::Tensor()};
+          math_in_aten(inputs[0], avo::autograd::present(inputs[1]), eps), inputs, grads);
+      return {gradients[0], gradients[1]};
     }
-    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], saved[1], avo::autograd::present(saved[2]), ctx->saved_data["eps"].toDouble()));
-    return {avo::autograd::sum_to_input(gradients[0], saved[1]), avo::autograd::sum_to_input(gradients[1], saved[2]), at::Tensor()};
+    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], saved[1], avo::autograd::present(saved[2]), eps));
+    return {avo::autograd::sum_to_input(gradients[0], saved[1]), avo::autograd::sum_to_input(gradients[1], saved[2])};
   }
 };
+
+using Node = avo::autograd::OpNode<Backward>;
+
+// A call that records a graph: the op below autograd, then the node that runs its backward,
+// with the op's inputs as its next edges and the tensors that backward reads.
+at::Tensor differentiable_call(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
+  const auto results = [&] {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return forward_saving_op().call(x, weight, eps);
+  }();
+  const auto node = avo::autograd::make_node<Node>();
+  node->set_next_edges(torch::autograd::collect_next_edges(x, weight.value_or(at::Tensor())));
+  torch::autograd::set_history(std::get<0>(results), node);
+  node->save(std::get<1>(results), /*is_output=*/false);
+  node->save(x, /*is_output=*/false);
+  node->save(weight.value_or(at::Tensor()), /*is_output=*/false);
+  node->attributes = {eps};
+  return std::get<0>(results);
+}
 
 // The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
 // tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
 // under a torch.func transform (grad, vjp, jacrev; vmap), which runs no C++ autograd
-// Function. Tangents and graph both come from the math, so that they compose (a jvp of
+// node. Tangents and graph both come from the math, so that they compose (a jvp of
 // a grad).
 at::Tensor math_call(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
   // On detached inputs: values without a derivative at any level of nested transforms
@@ -873,10 +988,10 @@ at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x, const 
     return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x, weight, eps);
   }
   if (avo::autograd::in_transform()) return math_call(x, weight, eps);
-  return Function::apply(x, weight, eps)[0];
+  return differentiable_call(x, weight, eps);
 }
 
-// The backward op has no derivative of its own (Function::backward takes the gradients
+// The backward op has no derivative of its own (Backward::gradients takes the gradients
 // of a double backward from the math in ATen instead): a call that would record a graph
 // raises, where torch's fallback would warn and let no second derivative reach the inputs.
 std::tuple<at::Tensor, at::Tensor> backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& rrms, const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
@@ -923,17 +1038,15 @@ std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg) {
   return {y};
 }
 
-class Function : public torch::autograd::Function<Function> {
- public:
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    ctx->save_for_backward({x});
-    return {forward_op().call(x)};
-  }
+// The backward of a differentiable call, which its node (avo::autograd::OpNode, csrc/autograd_node.h)
+// runs: the gradients of the tensor inputs from those of the outputs.
+struct Backward {
+  static constexpr const char* name = "AvoSiluBackward";
+  using Attributes = std::tuple<>;
 
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+  static torch::autograd::variable_list gradients(const torch::autograd::variable_list& grads,
+                                                  const torch::autograd::variable_list& saved,
+                                                  const Attributes&) {
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
       const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[0]});
       const torch::autograd::variable_list gradients = avo::autograd::differentiable_gradients(
@@ -945,10 +1058,26 @@ class Function : public torch::autograd::Function<Function> {
   }
 };
 
+using Node = avo::autograd::OpNode<Backward>;
+
+// A call that records a graph: the op below autograd, then the node that runs its backward,
+// with the op's inputs as its next edges and the tensors that backward reads.
+at::Tensor differentiable_call(const at::Tensor& x) {
+  const auto results = [&] {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return forward_op().call(x);
+  }();
+  const auto node = avo::autograd::make_node<Node>();
+  node->set_next_edges(torch::autograd::collect_next_edges(x));
+  torch::autograd::set_history(results, node);
+  node->save(x, /*is_output=*/false);
+  return results;
+}
+
 // The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
 // tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
 // under a torch.func transform (grad, vjp, jacrev; vmap), which runs no C++ autograd
-// Function. Tangents and graph both come from the math, so that they compose (a jvp of
+// node. Tangents and graph both come from the math, so that they compose (a jvp of
 // a grad).
 at::Tensor math_call(const at::Tensor& x) {
   // On detached inputs: values without a derivative at any level of nested transforms
@@ -965,10 +1094,10 @@ at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x) {
     return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x);
   }
   if (avo::autograd::in_transform()) return math_call(x);
-  return Function::apply(x)[0];
+  return differentiable_call(x);
 }
 
-// The backward op has no derivative of its own (Function::backward takes the gradients
+// The backward op has no derivative of its own (Backward::gradients takes the gradients
 // of a double backward from the math in ATen instead): a call that would record a graph
 // raises, where torch's fallback would warn and let no second derivative reach the inputs.
 at::Tensor backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& x) {
@@ -1016,18 +1145,15 @@ std::vector<at::Tensor> backward_math_in_aten(const at::Tensor& grad_y_arg, cons
   return {t0};
 }
 
-class Function : public torch::autograd::Function<Function> {
- public:
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    const auto results = forward_op().call(x);
-    ctx->save_for_backward({results});
-    return {results};
-  }
+// The backward of a differentiable call, which its node (avo::autograd::OpNode, csrc/autograd_node.h)
+// runs: the gradients of the tensor inputs from those of the outputs.
+struct Backward {
+  static constexpr const char* name = "AvoSoftmaxBackward";
+  using Attributes = std::tuple<>;
 
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+  static torch::autograd::variable_list gradients(const torch::autograd::variable_list& grads,
+                                                  const torch::autograd::variable_list& saved,
+                                                  const Attributes&) {
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
       const std::vector<at::Tensor> gradients = backward_math_in_aten(grads[0], saved[0]);
       return {gradients[0]};
@@ -1037,10 +1163,26 @@ class Function : public torch::autograd::Function<Function> {
   }
 };
 
+using Node = avo::autograd::OpNode<Backward>;
+
+// A call that records a graph: the op below autograd, then the node that runs its backward,
+// with the op's inputs as its next edges and the tensors that backward reads.
+at::Tensor differentiable_call(const at::Tensor& x) {
+  const auto results = [&] {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return forward_op().call(x);
+  }();
+  const auto node = avo::autograd::make_node<Node>();
+  node->set_next_edges(torch::autograd::collect_next_edges(x));
+  torch::autograd::set_history(results, node);
+  node->save(results, /*is_output=*/true);
+  return results;
+}
+
 // The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
 // tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
 // under a torch.func transform (grad, vjp, jacrev; vmap), which runs no C++ autograd
-// Function. Tangents and graph both come from the math, so that they compose (a jvp of
+// node. Tangents and graph both come from the math, so that they compose (a jvp of
 // a grad).
 at::Tensor math_call(const at::Tensor& x) {
   // On detached inputs: values without a derivative at any level of nested transforms
@@ -1057,10 +1199,10 @@ at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x) {
     return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x);
   }
   if (avo::autograd::in_transform()) return math_call(x);
-  return Function::apply(x)[0];
+  return differentiable_call(x);
 }
 
-// The backward op has no derivative of its own (Function::backward takes the gradients
+// The backward op has no derivative of its own (Backward::gradients takes the gradients
 // of a double backward from the math in ATen instead): a call that would record a graph
 // raises, where torch's fallback would warn and let no second derivative reach the inputs.
 at::Tensor backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& y) {
@@ -1108,34 +1250,52 @@ std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg, const std::optiona
   return {y};
 }
 
-class Function : public torch::autograd::Function<Function> {
- public:
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    const auto results = forward_saving_op().call(x, weight, bias, eps);
-    ctx->save_for_backward({std::get<1>(results), std::get<2>(results), x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())});
-    ctx->saved_data["eps"] = eps;
-    return {std::get<0>(results)};
-  }
+// The backward of a differentiable call, which its node (avo::autograd::OpNode, csrc/autograd_node.h)
+// runs: the gradients of the tensor inputs from those of the outputs.
+struct Backward {
+  static constexpr const char* name = "AvoSwishLayernormBackward";
+  using Attributes = std::tuple<double>;
 
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+  static torch::autograd::variable_list gradients(const torch::autograd::variable_list& grads,
+                                                  const torch::autograd::variable_list& saved,
+                                                  const Attributes& attributes) {
+    [[maybe_unused]] const auto& [eps] = attributes;
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
       const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[2], saved[3], saved[4]});
       const torch::autograd::variable_list gradients = avo::autograd::differentiable_gradients(
-          math_in_aten(inputs[0], avo::autograd::present(inputs[1]), avo::autograd::present(inputs[2]), ctx->saved_data["eps"].toDouble()), inputs, grads);
-      return {gradients[0], gradients[1], gradients[2], at::Tensor()};
+          math_in_aten(inputs[0], avo::autograd::present(inputs[1]), avo::autograd::present(inputs[2]), eps), inputs, grads);
+      return {gradients[0], gradients[1], gradients[2]};
     }
-    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], saved[1], saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), ctx->saved_data["eps"].toDouble()));
-    return {avo::autograd::sum_to_input(gradients[0], saved[2]), avo::autograd::sum_to_input(gradients[1], saved[3]), avo::autograd::sum_to_input(gradients[2], saved[4]), at::Tensor()};
+    const torch::autograd::variable_list gradients = avo::autograd::as_list(backward_op().call(grads[0], saved[0], saved[1], saved[2], avo::autograd::present(saved[3]), avo::autograd::present(saved[4]), eps));
+    return {avo::autograd::sum_to_input(gradients[0], saved[2]), avo::autograd::sum_to_input(gradients[1], saved[3]), avo::autograd::sum_to_input(gradients[2], saved[4])};
   }
 };
+
+using Node = avo::autograd::OpNode<Backward>;
+
+// A call that records a graph: the op below autograd, then the node that runs its backward,
+// with the op's inputs as its next edges and the tensors that backward reads.
+at::Tensor differentiable_call(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+  const auto results = [&] {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return forward_saving_op().call(x, weight, bias, eps);
+  }();
+  const auto node = avo::autograd::make_node<Node>();
+  node->set_next_edges(torch::autograd::collect_next_edges(x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())));
+  torch::autograd::set_history(std::get<0>(results), node);
+  node->save(std::get<1>(results), /*is_output=*/false);
+  node->save(std::get<2>(results), /*is_output=*/false);
+  node->save(x, /*is_output=*/false);
+  node->save(weight.value_or(at::Tensor()), /*is_output=*/false);
+  node->save(bias.value_or(at::Tensor()), /*is_output=*/false);
+  node->attributes = {eps};
+  return std::get<0>(results);
+}
 
 // The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
 // tangents (torch.func.jvp, torch.autograd.forward_ad), and for one that records a graph
 // under a torch.func transform (grad, vjp, jacrev; vmap), which runs no C++ autograd
-// Function. Tangents and graph both come from the math, so that they compose (a jvp of
+// node. Tangents and graph both come from the math, so that they compose (a jvp of
 // a grad).
 at::Tensor math_call(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
   // On detached inputs: values without a derivative at any level of nested transforms
@@ -1152,10 +1312,10 @@ at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x, const 
     return forward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, x, weight, bias, eps);
   }
   if (avo::autograd::in_transform()) return math_call(x, weight, bias, eps);
-  return Function::apply(x, weight, bias, eps)[0];
+  return differentiable_call(x, weight, bias, eps);
 }
 
-// The backward op has no derivative of its own (Function::backward takes the gradients
+// The backward op has no derivative of its own (Backward::gradients takes the gradients
 // of a double backward from the math in ATen instead): a call that would record a graph
 // raises, where torch's fallback would warn and let no second derivative reach the inputs.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& mu, const at::Tensor& rstd, const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
