@@ -4,8 +4,8 @@
 //
 // A torch::autograd::Function would do the same work through a generic node (CppNode),
 // which records the metadata of every input and output and wraps the outputs one by one:
-// on a 1x1024 tensor on the CPU that cost about 1 µs of host time in the forward and 3 µs
-// in forward plus backward, more than the whole difference to torch's call.
+// on a 1x1024 tensor on the CPU that cost 0.7 µs of host time in the forward and 3-7 µs in
+// forward plus backward (benchmarks/results/2026-12-07-cpu-autograd-node/).
 #pragma once
 
 #include <torch/csrc/autograd/function.h>
@@ -64,9 +64,7 @@ struct OpNode final : torch::autograd::Node {
 
   variable_list apply(variable_list&& grads) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    variable_list tensors;
-    tensors.reserve(saved.size());
-    for (const auto& s : saved) tensors.push_back(s.unpack(getptr()));
+    const variable_list tensors = unpacked();
     for (size_t k = 0; k < grads.size(); ++k) {
       if (!grads[k].defined()) grads[k] = input_metadata(k).zeros_like();
     }
@@ -93,9 +91,7 @@ struct OpNode final : torch::autograd::Node {
     namespace dynamo = torch::dynamo::autograd;
     swap.before(saved);
     dynamo::PackedArgs packed;
-    variable_list tensors;
-    for (const auto& s : saved) tensors.push_back(s.unpack(getptr()));
-    packed.pack(tensors);
+    packed.pack(unpacked());
     for (size_t k = 0; k < num_inputs(); ++k) {  // what a missing gradient of output k is made of
       const torch::autograd::InputMetadata& output = input_metadata(k);
       packed.pack(output.shape_as_dim_vector().vec());
@@ -118,6 +114,13 @@ struct OpNode final : torch::autograd::Node {
   }
 
  private:
+  variable_list unpacked() {
+    variable_list tensors;
+    tensors.reserve(saved.size());
+    for (const auto& s : saved) tensors.push_back(s.unpack(getptr()));
+    return tensors;
+  }
+
   // apply() on values packed by apply_with_saved, in the order packed.
   static variable_list functional_apply(const variable_list& grads_in, const std::vector<c10::IValue>& args) {
     torch::dynamo::autograd::PackedArgs packed(args);
