@@ -2,11 +2,11 @@
 and adds a node to the graph (avo::autograd::OpNode, csrc/autograd_node.h) that keeps the
 tensors its backward reads (inputs; for a row op also per-row values and outputs of the
 forward) and the attributes, and whose backward calls `<op>_backward` and sums each
-gradient back to its input's shape. A call whose
-inputs carry tangents (forward-mode differentiation), and one that records a graph under a
-torch.func transform (which runs no C++ autograd node), takes the outputs from the op
-and their derivatives from the op's math in ATen operations (emit_aten.py); so does a
-backward with create_graph=True, for its gradients.
+gradient back to its input's shape. A call whose inputs carry tangents (forward-mode
+differentiation), and one that records a graph under a torch.func transform (which runs
+no C++ autograd node), takes the outputs from the op and their derivatives from the op's
+math in ATen operations (emit_aten.py); so does a backward with create_graph=True, for its
+gradients.
 
 The kernels are C++ rather than Python (torch.library.register_autograd) because every
 differentiable call passes through them: a Python autograd kernel costs about 8 µs of
@@ -92,7 +92,7 @@ def _function(s: OpSchedule) -> list[str]:
              *emit_math_in_aten(s),
              *(emit_math_from_kept(s, from_kept) if from_kept else []),
              *(emit_backward_math_in_aten(s) if backward_in_aten else []),
-             f"// The backward of a differentiable call, which its node (avo::autograd::OpNode, csrc/autograd_node.h)",
+             "// The backward of a differentiable call, which its node (avo::autograd::OpNode, csrc/autograd_node.h)",
              "// runs: the gradients of the tensor inputs from those of the outputs.",
              "struct Backward {",
              f'  static constexpr const char* name = "{_node_name(spec.name)}";',
