@@ -233,16 +233,13 @@ def rmsnorm_cases() -> list[Case]:
     ]
 
 
-def softmax_cases(op: str, fwd: Callable, aten_bwd: Callable, backward_reads_y: bool) -> list[Case]:
+def softmax_cases(op: str, fwd: Callable, aten_bwd: Callable) -> list[Case]:
     # torch.ops.avo.<op> is looked up at call time: avo_ops may not be loaded (--no-avo).
-    def avo_backward(dy, x, y, *saved):
-        # softmax's backward reads the output y, as torch's does; log_softmax's reads x and
-        # its saved row maximum and sum: as many bytes.
-        backward = getattr(torch.ops.avo, f"{op}_backward")
-        return backward(dy, y) if backward_reads_y else backward(dy, *saved, x)
+    def avo_backward(dy, x, y):
+        # Both backwards read the output y, as torch's do.
+        return getattr(torch.ops.avo, f"{op}_backward")(dy, y)
 
-    saved = (lambda x: ()) if backward_reads_y else (lambda x: avo_saved(op, 1, x))
-    backward_inputs = randn_inputs(2, extra=lambda dy, x: (fwd(x, -1), *saved(x)))
+    backward_inputs = randn_inputs(2, extra=lambda dy, x: (fwd(x, -1),))
     return [
         Case(op, "fwd", randn_inputs(1),
              avo=lambda x: getattr(torch.ops.avo, op)(x),
@@ -250,7 +247,7 @@ def softmax_cases(op: str, fwd: Callable, aten_bwd: Callable, backward_reads_y: 
              traffic=Traffic(1, 1)),
         # dy and x-or-y read, dx written.
         Case(op, "bwd", backward_inputs, avo=avo_backward,
-             eager=lambda dy, x, y, *_: aten_bwd(dy, y, -1, x.dtype),
+             eager=lambda dy, x, y: aten_bwd(dy, y, -1, x.dtype),
              traffic=Traffic(2, 1)),
     ]
 
@@ -373,8 +370,8 @@ CASES: list[Case] = [
     *silu_cases(),
     *layernorm_cases(),
     *rmsnorm_cases(),
-    *softmax_cases("softmax", torch.softmax, torch.ops.aten._softmax_backward_data, backward_reads_y=True),
-    *softmax_cases("log_softmax", torch.log_softmax, torch.ops.aten._log_softmax_backward_data, backward_reads_y=False),
+    *softmax_cases("softmax", torch.softmax, torch.ops.aten._softmax_backward_data),
+    *softmax_cases("log_softmax", torch.log_softmax, torch.ops.aten._log_softmax_backward_data),
     *swish_layernorm_cases(),
     *add_norm_cases(),
     *channel_norm_cases(),

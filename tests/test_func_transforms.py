@@ -307,10 +307,12 @@ def test_double_backward_matches_float64_reference(case, device):
         torch.testing.assert_close(g.double(), e, rtol=1e-4, atol=1e-4 * max(1.0, e.abs().max().item()))
 
 
-def test_softmax_double_backward_from_y_in_bfloat16(device):
-    """softmax's autograd keeps y alone, and its double backward runs the backward's math
-    (y * (dy - sum(dy * y))) from it: in bfloat16 the second-order gradient comes back in
-    bfloat16 and matches float64 within bfloat16's rounding of x and y."""
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_softmax_double_backward_from_y_in_bfloat16(op, device):
+    """softmax's and log_softmax's autograd keeps y alone, and the double backward runs
+    the backward's math (y * (dy - sum(dy * y)), dy - exp(y) * sum(dy)) from it: in
+    bfloat16 the second-order gradient comes back in bfloat16 and matches float64 within
+    bfloat16's rounding of x and y."""
     generator = torch.Generator().manual_seed(11)
     x64, w64 = (torch.randn(4, 48, generator=generator, dtype=torch.float64) for _ in range(2))
 
@@ -321,8 +323,8 @@ def test_softmax_double_backward_from_y_in_bfloat16(device):
         (second,) = torch.autograd.grad((grad_x.float() * grad_x.float()).sum(), x)
         return second
 
-    got = penalty_gradient(avo_ops.softmax, x64.to(device=device, dtype=torch.bfloat16))
-    expected = penalty_gradient(lambda a: torch.softmax(a, -1), x64.to(torch.bfloat16).double())
+    got = penalty_gradient(getattr(avo_ops, op), x64.to(device=device, dtype=torch.bfloat16))
+    expected = penalty_gradient(lambda a: getattr(torch, op)(a, -1), x64.to(torch.bfloat16).double())
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.double().cpu(), expected, rtol=3e-2, atol=3e-2 * expected.abs().max().item())
 

@@ -913,20 +913,22 @@ def test_row_schedule_saves_the_statistics_and_shares_equal_gradients():
         ("add_layernorm", False), ("add_layernorm_forward", True), ("add_layernorm_backward", False)]
 
 
-def test_softmax_backward_reads_the_y_its_gradient_formula_names():
-    """softmax's spec writes x's gradient in y: its backward takes grad_y and y (no x, no
-    saved row values), autograd keeps y alone, there is no saving forward, and its double
-    backward runs the backward's math in ATen from y, whose graph leads back to x."""
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_softmax_backward_reads_the_y_its_gradient_formula_names(op):
+    """softmax's and log_softmax's specs write x's gradient in y: the backward takes grad_y
+    and y (no x, no saved row values), autograd keeps y alone, there is no saving forward,
+    and the double backward runs the backward's math in ATen from y, whose graph leads
+    back to x."""
     from generator.emit_autograd import emit_autograd
 
-    with open(REPO / "specs" / "softmax.yaml", encoding="utf-8") as f:
-        s = schedule(parse(f.read(), "specs/softmax.yaml"))
+    with open(REPO / "specs" / f"{op}.yaml", encoding="utf-8") as f:
+        s = schedule(parse(f.read(), f"specs/{op}.yaml"))
     assert s.saved == ()
     assert [(o.name, o.domain) for o in s.forward.outputs] == [("y", "elem")]
     assert [(i.name, i.domain) for i in s.backward.inputs] == [("grad_y", "elem"), ("y", "elem")]
     assert s.kept_for_backward == (("output", 0),)
     assert [(k.op_name(saving), saving) for k, saving in s.registrations] == [
-        ("softmax", False), ("softmax_backward", False)]
+        (op, False), (f"{op}_backward", False)]
     text = emit_autograd([s])
     assert "backward_math_in_aten(grads[0], saved[0])" in text and "first derivatives only" not in text
 

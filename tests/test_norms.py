@@ -6,8 +6,8 @@ determinism of the parameter gradients and argument errors.
 Tolerances. Every reference is computed by torch in float64 on the upcast inputs (which
 are already rounded to the test dtype; the add ops' references round hidden = x + residual
 to it too before normalizing it, as the ops do, like torch's layer_norm(x + residual); the
-gradient checks take the gradients of an op whose backward reads an output (softmax's y,
-the add ops' hidden) at the output the op returned, which that backward reads, as torch's
+gradient checks take the gradients of an op whose backward reads an output (softmax's and
+log_softmax's y, the add ops' hidden) at the output the op returned, which that backward reads, as torch's
 does), so the only errors left are the kernels' own:
   * The result is rounded to the output dtype: half an ulp, 2^-8 relative for bfloat16
     and 2^-11 for float16. conftest.TOLERANCES allows four times that (rtol 1.6e-2 /
@@ -77,7 +77,7 @@ class Op:
         self.reference = reference  # float64 reference: (dtype, tensors in order) -> tuple of outputs
         self.kind = kind  # "layernorm", "rmsnorm", "softmax" or "log_softmax"
         # The outputs the backward reads in place of the per-element inputs (add_rmsnorm's
-        # hidden, softmax's y).
+        # hidden, softmax's and log_softmax's y).
         self.backward_reads = backward_reads
 
     @property
@@ -96,7 +96,7 @@ class Op:
     @property
     def saves(self):
         """Whether the forward saves per-row values for the backward (in <op>_forward)."""
-        return self.kind != "softmax"
+        return self.kind not in ("softmax", "log_softmax")
 
     def saved(self, *tensors):
         """The per-row values <op>_forward returns after the outputs, for the backward."""
@@ -145,6 +145,17 @@ def softmax_reading_stored(x, dtype, held=None):
     return y + (linear - linear.detach())
 
 
+def log_softmax_reading_stored(x, dtype, held=None):
+    """float64 log_softmax whose gradient is taken at y as the caller holds it (y_r, as in
+    softmax_reading_stored): g - exp(y_r) * sum(g), the backward of the op and of torch.
+    Its value is log_softmax(x); the gradient comes from x - sum(x * exp(y_r)), whose
+    Jacobian is the log_softmax Jacobian at y_r, added as zero."""
+    y = torch.log_softmax(x, -1).detach()
+    p_r = torch.exp((y.to(dtype) if held is None else held).double())
+    linear = x - (x * p_r).sum(-1, keepdim=True)
+    return y + (linear - linear.detach())
+
+
 # reference(dtype, *tensors64, held=None): the float64 outputs; `dtype` is the test's;
 # `held` (an op with backward_reads): the outputs the op returned, whose values the
 # backward reads, for the gradient to be taken at.
@@ -153,7 +164,8 @@ OPS = {
     "rmsnorm": Op("rmsnorm", ("x",), ("weight",), lambda dt, x, w: (_rms(x, w),), "rmsnorm"),
     "softmax": Op("softmax", ("x",), (), lambda dt, x, held=(None,): (softmax_reading_stored(x, dt, held[0]),), "softmax",
                   backward_reads=("y",)),
-    "log_softmax": Op("log_softmax", ("x",), (), lambda dt, x: (torch.log_softmax(x, -1),), "log_softmax"),
+    "log_softmax": Op("log_softmax", ("x",), (), lambda dt, x, held=(None,): (log_softmax_reading_stored(x, dt, held[0]),),
+                      "log_softmax", backward_reads=("y",)),
     "swish_layernorm": Op("swish_layernorm", ("x",), ("weight", "bias"),
                           lambda dt, x, w, b: (_ln(F.silu(x), w, b),), "layernorm"),
     "add_layernorm": Op("add_layernorm", ("x", "residual"), ("weight", "bias"),
@@ -638,12 +650,8 @@ def test_backward_op_returns_one_gradient_per_input(name, device):
 
 def _saved_reference(op, tensors64, dtype):
     """The per-row values <op>_forward saves, in float64: the mean and rstd (layernorm
-    family) or the rstd (rmsnorm family) of the normalized tensor; log_softmax's row
-    maximum and sum of exp(x - max)."""
+    family) or the rstd (rmsnorm family) of the normalized tensor."""
     x = tensors64[0]
-    if op.kind == "log_softmax":
-        row_max = x.amax(-1)
-        return [row_max, torch.exp(x - row_max.unsqueeze(-1)).sum(-1)]
     h = stored(x + tensors64[1], dtype) if len(op.elems) == 2 else x
     h = F.silu(h) if op.name == "swish_layernorm" else h
     _, rstd = _normalized(op, tensors64, dtype)
@@ -684,24 +692,26 @@ def test_backward_rejects_saved_values_it_cannot_read(device):
 
 def test_saving_forward_is_not_differentiable(device):
     x = torch.randn(3, 8, device=device, requires_grad=True)
-    with pytest.raises(RuntimeError, match="avo::log_softmax_forward is not differentiable: call avo::log_softmax"):
-        torch.ops.avo.log_softmax_forward(x)
+    with pytest.raises(RuntimeError, match="avo::rmsnorm_forward is not differentiable: call avo::rmsnorm"):
+        torch.ops.avo.rmsnorm_forward(x, None, 1e-6)
 
 
-def test_softmax_backward_reads_y_and_its_forward_saves_nothing(device):
-    """softmax's backward is written in y (specs/softmax.yaml), as torch's: it takes the
-    incoming gradient and y, autograd keeps y alone, and there is no saving forward."""
-    schema = torch.ops.avo.softmax_backward.default._schema
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_softmax_backward_reads_y_and_its_forward_saves_nothing(name, device):
+    """softmax's and log_softmax's backwards are written in y (specs/*softmax.yaml), as
+    torch's: each takes the incoming gradient and y, autograd keeps y alone, and there is
+    no saving forward."""
+    schema = getattr(torch.ops.avo, name + "_backward").default._schema
     assert [a.name for a in schema.arguments] == ["grad_y", "y"]
-    assert not hasattr(torch.ops.avo, "softmax_forward")
+    assert not hasattr(torch.ops.avo, name + "_forward")
     x = torch.randn(4, 40, device=device, dtype=torch.float64).float().requires_grad_(True)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        y = torch.ops.avo.softmax(x)
+        y = getattr(torch.ops.avo, name)(x)
     assert len(saved) == 1 and saved[0].data_ptr() == y.data_ptr()  # y, which the caller has anyway
     dy = torch.randn_like(y)
     (dx,) = torch.autograd.grad(y, x, dy)
-    assert torch.equal(dx, torch.ops.avo.softmax_backward(dy, y.detach()))
+    assert torch.equal(dx, getattr(torch.ops.avo, name + "_backward")(dy, y.detach()))
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -15,14 +15,9 @@ def _log_softmax_fake(x):
     return _runtime.row_fake("avo::log_softmax", {"x": (x, "elem")}, [("elem", True)])
 
 
-@torch.library.register_fake("avo::log_softmax_forward")
-def _log_softmax_forward_fake(x):
-    return _runtime.row_fake("avo::log_softmax_forward", {"x": (x, "elem")}, [("elem", True), ("saved", True), ("saved", True)])
-
-
 @torch.library.register_fake("avo::log_softmax_backward")
-def _log_softmax_backward_fake(grad_y, saved_0, total, x):
-    return _runtime.row_fake("avo::log_softmax_backward", {"grad_y": (grad_y, "elem"), "saved_0": (saved_0, "saved"), "total": (total, "saved"), "x": (x, "elem")}, [("elem", True)])
+def _log_softmax_backward_fake(grad_y, y):
+    return _runtime.row_fake("avo::log_softmax_backward", {"grad_y": (grad_y, "elem"), "y": (y, "elem")}, [("elem", True)])
 
 
 @torch.library.register_vmap("avo::log_softmax")
@@ -31,9 +26,9 @@ def _log_softmax_vmap(info, in_dims, x):
 
 
 def _backward(ctx, grad_y):
-    saved_0, total, x = ctx.saved_tensors
-    grad_x = torch.ops.avo.log_softmax_backward(grad_y, saved_0, total, x)
-    return _runtime.reduce_grad(grad_x, x)
+    y, = ctx.saved_tensors
+    grad_x = torch.ops.avo.log_softmax_backward(grad_y, y)
+    return grad_x
 
 
 class LogSoftmaxFunction(torch.autograd.Function):
@@ -41,10 +36,13 @@ class LogSoftmaxFunction(torch.autograd.Function):
     own autograd kernel (torch.ops.avo.log_softmax is differentiable without it)."""
 
     @staticmethod
-    def forward(ctx, x):
-        y, saved_0, total = torch.ops.avo.log_softmax_forward(x)
-        ctx.save_for_backward(saved_0, total, x)
-        return y
+    def forward(x):
+        return torch.ops.avo.log_softmax(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        y = output
+        ctx.save_for_backward(y)
 
     backward = staticmethod(_backward)
 

@@ -792,13 +792,8 @@ const auto& forward_op() {
   return op;
 }
 
-const auto& forward_saving_op() {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::log_softmax_forward", "").typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&)>();
-  return op;
-}
-
 const auto& backward_op() {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::log_softmax_backward", "").typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&)>();
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("avo::log_softmax_backward", "").typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
   return op;
 }
 
@@ -812,6 +807,15 @@ std::vector<at::Tensor> math_in_aten(const at::Tensor& x_arg) {
   return {y};
 }
 
+// The math of avo::log_softmax_backward in ATen operations, in float32, for a double
+// backward: torch differentiates it again, through the kept outputs back to this op.
+std::vector<at::Tensor> backward_math_in_aten(const at::Tensor& grad_y_arg, const at::Tensor& y_arg) {
+  const at::Tensor grad_y = grad_y_arg.to(at::kFloat);
+  const at::Tensor y = y_arg.to(at::kFloat);
+  const at::Tensor t0 = grad_y - at::exp(y) * at::sum(grad_y, -1, /*keepdim=*/true);
+  return {t0};
+}
+
 // The backward of a differentiable call, which its node (avo::autograd::OpNode, csrc/autograd_node.h)
 // runs: the gradients of the tensor inputs from those of the outputs.
 struct Backward {
@@ -822,13 +826,11 @@ struct Backward {
                                                   const torch::autograd::variable_list& saved,
                                                   const Attributes&) {
     if (at::GradMode::is_enabled()) {  // create_graph=True: gradients that have a graph of their own
-      const torch::autograd::variable_list inputs = avo::autograd::aliases({saved[2]});
-      const torch::autograd::variable_list gradients = avo::autograd::differentiable_gradients(
-          math_in_aten(inputs[0]), inputs, grads);
+      const std::vector<at::Tensor> gradients = backward_math_in_aten(grads[0], saved[0]);
       return {gradients[0]};
     }
-    const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[0], saved[1], saved[2])};
-    return {avo::autograd::sum_to_input(gradients[0], saved[2])};
+    const torch::autograd::variable_list gradients = {backward_op().call(grads[0], saved[0])};
+    return {gradients[0]};
   }
 };
 
@@ -839,15 +841,13 @@ using Node = avo::autograd::OpNode<Backward>;
 at::Tensor differentiable_call(const at::Tensor& x) {
   const auto results = [&] {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return forward_saving_op().call(x);
+    return forward_op().call(x);
   }();
   const auto node = avo::autograd::make_node<Node>();
   node->set_next_edges(torch::autograd::collect_next_edges(x));
-  torch::autograd::set_history(std::get<0>(results), node);
-  node->save(std::get<1>(results), /*is_output=*/false);
-  node->save(std::get<2>(results), /*is_output=*/false);
-  node->save(x, /*is_output=*/false);
-  return std::get<0>(results);
+  torch::autograd::set_history(results, node);
+  node->save(results, /*is_output=*/true);
+  return results;
 }
 
 // The kernels' outputs with the derivatives of math_in_aten: for a call whose inputs carry
@@ -876,24 +876,13 @@ at::Tensor autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& x) {
 // The backward op has no derivative of its own (Backward::gradients takes the gradients
 // of a double backward from the math in ATen instead): a call that would record a graph
 // raises, where torch's fallback would warn and let no second derivative reach the inputs.
-at::Tensor backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& saved_0, const at::Tensor& total, const at::Tensor& x) {
-  TORCH_CHECK(!avo::autograd::any_tangent(grad_y, saved_0, total, x), "avo::log_softmax_backward has no forward-mode "
+at::Tensor backward_autograd_kernel(c10::DispatchKeySet keys, const at::Tensor& grad_y, const at::Tensor& y) {
+  TORCH_CHECK(!avo::autograd::any_tangent(grad_y, y), "avo::log_softmax_backward has no forward-mode "
               "derivative: a tangent reached it (torch.func.jvp or torch.autograd.forward_ad)");
-  TORCH_CHECK(!avo::autograd::needs_grad(grad_y, saved_0, total, x), "avo::log_softmax_backward is not differentiable: "
+  TORCH_CHECK(!avo::autograd::needs_grad(grad_y, y), "avo::log_softmax_backward is not differentiable: "
               "differentiate avo::log_softmax itself (its double backward takes the gradients from its math, not from this op)");
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return backward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, grad_y, saved_0, total, x);
-}
-
-// Likewise the forward that returns the saved values: the autograd kernel above calls it
-// below autograd; differentiable calls go through the op itself.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_saving_autograd_kernel(const at::Tensor& x) {
-  TORCH_CHECK(!avo::autograd::any_tangent(x), "avo::log_softmax_forward has no forward-mode derivative: "
-              "call avo::log_softmax, whose tangents are defined");
-  TORCH_CHECK(!avo::autograd::needs_grad(x), "avo::log_softmax_forward is not differentiable: "
-              "call avo::log_softmax, whose gradient is defined");
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return forward_saving_op().call(x);
+  return backward_op().redispatch(keys & c10::after_ADInplaceOrView_keyset, grad_y, y);
 }
 
 }  // namespace log_softmax
@@ -1358,7 +1347,6 @@ TORCH_LIBRARY_IMPL(avo, Autograd, m) {
   m.impl("layernorm_forward", &avo::autograd::layernorm::forward_saving_autograd_kernel);
   m.impl("layernorm_backward", &avo::autograd::layernorm::backward_autograd_kernel);
   m.impl("log_softmax", &avo::autograd::log_softmax::autograd_kernel);
-  m.impl("log_softmax_forward", &avo::autograd::log_softmax::forward_saving_autograd_kernel);
   m.impl("log_softmax_backward", &avo::autograd::log_softmax::backward_autograd_kernel);
   m.impl("rmsnorm", &avo::autograd::rmsnorm::autograd_kernel);
   m.impl("rmsnorm_forward", &avo::autograd::rmsnorm::forward_saving_autograd_kernel);

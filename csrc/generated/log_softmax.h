@@ -14,15 +14,12 @@
 
 namespace avo::ops::log_softmax {
 
-// Forward (log_softmax): inputs[0] = x (per element); outputs[0] = y (per element), outputs[1] = saved_0 (per
-// row, fp32, saved by the forward), outputs[2] = total (per row, fp32, saved by the
-// forward)
-using ForwardArgs = avo::RowArgs<1, 3>;
+// Forward (log_softmax): inputs[0] = x (per element); outputs[0] = y (per element)
+using ForwardArgs = avo::RowArgs<1, 1>;
 
-// Backward (log_softmax_backward): inputs[0] = grad_y (per element), inputs[1] = saved_0 (per row, fp32, saved by the
-// forward), inputs[2] = total (per row, fp32, saved by the forward), inputs[3] = x
-// (per element); outputs[0] = grad_x (per element)
-using BackwardArgs = avo::RowArgs<4, 1>;
+// Backward (log_softmax_backward): inputs[0] = grad_y (per element), inputs[1] = y (per element); outputs[0] = grad_x
+// (per element)
+using BackwardArgs = avo::RowArgs<2, 1>;
 
 // Per-column outputs of the backward: fp32 partial sums per chunk of rows, then the
 // partials summed in chunk order (deterministic, no atomics).

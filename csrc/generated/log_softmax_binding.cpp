@@ -18,30 +18,19 @@
 namespace avo::ops::log_softmax {
 namespace {
 
-// The outputs of avo::log_softmax, and with `saving` the values its backward reads.
-std::array<at::Tensor, 3> forward_cpu_outputs(const char* op, bool saving, const at::Tensor& x) {
-  auto call = avo::binding::prepare_rows<1, 3>(op, {{{"x", &x, avo::binding::Domain::Elem}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Saved, avo::binding::Domain::Saved}}, {{true, saving, saving}}, kColumnSums);
+at::Tensor forward_cpu_impl(const at::Tensor& x) {
+  auto call = avo::binding::prepare_rows<1, 1>("avo::log_softmax", {{{"x", &x, avo::binding::Domain::Elem}}}, {{avo::binding::Domain::Elem}}, {{true}}, kColumnSums);
   const auto& args = call.args;
   if (args.rows > 0) {
     avo::binding::parallel_rows(args, [&](int64_t begin, int64_t end) {
       forward_cpu(call.dtype, args, begin, end);
     });
   }
-  return call.outputs;
+  return avo::binding::returned(call.outputs);
 }
 
-at::Tensor forward_cpu_impl(const at::Tensor& x) {
-  auto outputs = forward_cpu_outputs("avo::log_softmax", false, x);
-  return avo::binding::returned<1>(outputs);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_saving_cpu_impl(const at::Tensor& x) {
-  auto outputs = forward_cpu_outputs("avo::log_softmax_forward", true, x);
-  return avo::binding::returned(outputs);
-}
-
-at::Tensor backward_cpu_impl(const at::Tensor& grad_y, const at::Tensor& saved_0, const at::Tensor& total, const at::Tensor& x) {
-  auto call = avo::binding::prepare_rows<4, 1>("avo::log_softmax_backward", {{{"grad_y", &grad_y, avo::binding::Domain::Elem}, {"saved_0", &saved_0, avo::binding::Domain::Saved}, {"total", &total, avo::binding::Domain::Saved}, {"x", &x, avo::binding::Domain::Elem}}}, {{avo::binding::Domain::Elem}}, {{true}}, kColumnSums);
+at::Tensor backward_cpu_impl(const at::Tensor& grad_y, const at::Tensor& y) {
+  auto call = avo::binding::prepare_rows<2, 1>("avo::log_softmax_backward", {{{"grad_y", &grad_y, avo::binding::Domain::Elem}, {"y", &y, avo::binding::Domain::Elem}}}, {{avo::binding::Domain::Elem}}, {{true}}, kColumnSums);
   const auto& args = call.args;
   if (args.rows > 0) {
     avo::binding::parallel_rows(args, [&](int64_t begin, int64_t end) {
@@ -57,28 +46,17 @@ at::Tensor backward_cpu_impl(const at::Tensor& grad_y, const at::Tensor& saved_0
 }
 
 #if defined(AVO_WITH_CUDA)
-// The outputs of avo::log_softmax, and with `saving` the values its backward reads.
-std::array<at::Tensor, 3> forward_cuda_outputs(const char* op, bool saving, const at::Tensor& x) {
-  auto call = avo::binding::prepare_rows<1, 3>(op, {{{"x", &x, avo::binding::Domain::Elem}}}, {{avo::binding::Domain::Elem, avo::binding::Domain::Saved, avo::binding::Domain::Saved}}, {{true, saving, saving}}, kColumnSums);
+at::Tensor forward_cuda_impl(const at::Tensor& x) {
+  auto call = avo::binding::prepare_rows<1, 1>("avo::log_softmax", {{{"x", &x, avo::binding::Domain::Elem}}}, {{avo::binding::Domain::Elem}}, {{true}}, kColumnSums);
   const auto& args = call.args;
   const c10::cuda::CUDAGuard device_guard(call.device);
   forward_cuda(call.dtype, args, c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return call.outputs;
+  return avo::binding::returned(call.outputs);
 }
 
-at::Tensor forward_cuda_impl(const at::Tensor& x) {
-  auto outputs = forward_cuda_outputs("avo::log_softmax", false, x);
-  return avo::binding::returned<1>(outputs);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_saving_cuda_impl(const at::Tensor& x) {
-  auto outputs = forward_cuda_outputs("avo::log_softmax_forward", true, x);
-  return avo::binding::returned(outputs);
-}
-
-at::Tensor backward_cuda_impl(const at::Tensor& grad_y, const at::Tensor& saved_0, const at::Tensor& total, const at::Tensor& x) {
-  auto call = avo::binding::prepare_rows<4, 1>("avo::log_softmax_backward", {{{"grad_y", &grad_y, avo::binding::Domain::Elem}, {"saved_0", &saved_0, avo::binding::Domain::Saved}, {"total", &total, avo::binding::Domain::Saved}, {"x", &x, avo::binding::Domain::Elem}}}, {{avo::binding::Domain::Elem}}, {{true}}, kColumnSums);
+at::Tensor backward_cuda_impl(const at::Tensor& grad_y, const at::Tensor& y) {
+  auto call = avo::binding::prepare_rows<2, 1>("avo::log_softmax_backward", {{{"grad_y", &grad_y, avo::binding::Domain::Elem}, {"y", &y, avo::binding::Domain::Elem}}}, {{avo::binding::Domain::Elem}}, {{true}}, kColumnSums);
   const auto& args = call.args;
   const c10::cuda::CUDAGuard device_guard(call.device);
   backward_cuda(call.dtype, args, c10::cuda::getCurrentCUDAStream());
@@ -92,14 +70,12 @@ at::Tensor backward_cuda_impl(const at::Tensor& grad_y, const at::Tensor& saved_
 
 TORCH_LIBRARY_IMPL(avo, CPU, m) {
   m.impl("log_softmax", &forward_cpu_impl);
-  m.impl("log_softmax_forward", &forward_saving_cpu_impl);
   m.impl("log_softmax_backward", &backward_cpu_impl);
 }
 
 #if defined(AVO_WITH_CUDA)
 TORCH_LIBRARY_IMPL(avo, CUDA, m) {
   m.impl("log_softmax", &forward_cuda_impl);
-  m.impl("log_softmax_forward", &forward_saving_cuda_impl);
   m.impl("log_softmax_backward", &backward_cuda_impl);
 }
 #endif

@@ -53,8 +53,6 @@ struct ForwardMath {
       const float term = F::exp(shifted);
       return term;
     });
-    row.store_row_f32(1, max_0);
-    row.store_row_f32(2, sum_0);
     const float r0 = F::log(sum_0);
     row.for_each(avo::columns<>, [&](const auto& at) {
       const float x = at.load(0);
@@ -69,10 +67,10 @@ struct ForwardMath {
 struct BackwardMath {
   // Which inputs and outputs are per element, which inputs per column, and which are
   // per-row values the forward saved (row.load_saved) (bit k: input or output k).
-  static constexpr unsigned kElementInputs = 0x9u;
+  static constexpr unsigned kElementInputs = 0x3u;
   static constexpr unsigned kElementOutputs = 0x1u;
   static constexpr unsigned kColumnInputs = 0x0u;
-  static constexpr unsigned kSavedInputs = 0x6u;
+  static constexpr unsigned kSavedInputs = 0x0u;
   // Per-column outputs (summed over rows by the column pass): how many, and where.
   static constexpr int kColumnSums = 0;
   AVO_HOST_DEVICE static constexpr int column_output(int k) { return -1; }
@@ -93,19 +91,15 @@ struct BackwardMath {
   AVO_HOST_DEVICE void apply(const Row& row) const {
     using F [[maybe_unused]] = avo::Functions<Precision>;
     [[maybe_unused]] const float length = float(row.length());
-    const float saved_0 = row.load_saved(1);
-    const float total = row.load_saved(2);
     const float sum_0 = row.sum(avo::columns<>, [&](const auto& at) {
       const float grad_y = at.load(0);
       const float term = grad_y;
       return term;
     });
-    const float r0 = sum_0 / total;
     row.for_each(avo::columns<>, [&](const auto& at) {
       const float grad_y = at.load(0);
-      const float x = at.load(3);
-      const float shifted = x - saved_0;
-      const float grad_x = F::fma(-r0, F::exp(shifted), grad_y);
+      const float y = at.load(1);
+      const float grad_x = F::fma(-F::exp(y), sum_0, grad_y);
       at.store(0, grad_x);
     });
   }

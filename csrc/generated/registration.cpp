@@ -26,8 +26,7 @@ TORCH_LIBRARY(avo, m) {
   m.def("layernorm_backward(Tensor grad_y, Tensor mu, Tensor rstd, Tensor x, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> (Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
   // specs/log_softmax.yaml
   m.def("log_softmax(Tensor x) -> Tensor", {at::Tag::pt2_compliant_tag});
-  m.def("log_softmax_forward(Tensor x) -> (Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
-  m.def("log_softmax_backward(Tensor grad_y, Tensor saved_0, Tensor total, Tensor x) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("log_softmax_backward(Tensor grad_y, Tensor y) -> Tensor", {at::Tag::pt2_compliant_tag});
   // specs/rmsnorm.yaml
   m.def("rmsnorm(Tensor x, Tensor? weight=None, float eps=1e-06) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("rmsnorm_forward(Tensor x, Tensor? weight=None, float eps=1e-06) -> (Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
