@@ -45,9 +45,19 @@ def test_readme_spec_example_is_the_shipped_silu_spec():
     assert shown.dtypes == shipped.dtypes
 
 
+def run_example(*args: str) -> subprocess.CompletedProcess:
+    """Run an example as a script with the avo_ops these tests import (an installed one, or
+    a build in place that only the test process has on its path)."""
+    import avo_ops
+
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(avo_ops.__file__)))
+    path = os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH")) if p)
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": path})
+
+
 def test_quickstart_demo_runs():
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "quickstart.py")],
-                            capture_output=True, text=True, timeout=600)
+    result = run_example(os.path.join(ROOT, "examples", "quickstart.py"))
     assert result.returncode == 0, result.stderr
     assert "torch.compile(fullgraph=True)" in result.stdout
 
@@ -55,9 +65,8 @@ def test_quickstart_demo_runs():
 def test_training_example_runs_both_models():
     """The Llama training example, in its smoke-test size on the CPU: both runs train the
     same model (same first loss) and the avo run replaced the RMSNorm and SiLU modules."""
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_llama.py"), "--tiny",
-                             "--device", "cpu", "--dtype", "float32", "--steps", "1", "--warmup", "1"],
-                            capture_output=True, text=True, timeout=600)
+    result = run_example(os.path.join(ROOT, "examples", "train_llama.py"), "--tiny", "--device", "cpu",
+                         "--dtype", "float32", "--steps", "1", "--warmup", "1")
     assert result.returncode == 0, result.stderr
     rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()
             if line.startswith(("torch ", "avo_ops "))}
