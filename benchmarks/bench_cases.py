@@ -245,7 +245,7 @@ def softmax_cases(op: str, fwd: Callable, aten_bwd: Callable) -> list[Case]:
              avo=lambda x: getattr(torch.ops.avo, op)(x),
              eager=lambda x: fwd(x, -1),
              traffic=Traffic(1, 1)),
-        # dy and x-or-y read, dx written.
+        # dy and y read, dx written.
         Case(op, "bwd", backward_inputs, avo=avo_backward,
              eager=lambda dy, x, y: aten_bwd(dy, y, -1, x.dtype),
              traffic=Traffic(2, 1)),

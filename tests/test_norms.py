@@ -7,8 +7,8 @@ Tolerances. Every reference is computed by torch in float64 on the upcast inputs
 are already rounded to the test dtype; the add ops' references round hidden = x + residual
 to it too before normalizing it, as the ops do, like torch's layer_norm(x + residual); the
 gradient checks take the gradients of an op whose backward reads an output (softmax's and
-log_softmax's y, the add ops' hidden) at the output the op returned, which that backward reads, as torch's
-does), so the only errors left are the kernels' own:
+log_softmax's y, the add ops' hidden) at the output the op returned, which that backward
+reads, as torch's does), so the only errors left are the kernels' own:
   * The result is rounded to the output dtype: half an ulp, 2^-8 relative for bfloat16
     and 2^-11 for float16. conftest.TOLERANCES allows four times that (rtol 1.6e-2 /
     2e-3); fp32 gets rtol 2e-5, a few ulps.
