@@ -43,7 +43,7 @@ namespace avo::ops::add_layernorm {
 //   | forward  | sm_90 (NVIDIA H200)               | cluster   |     4096 |     4096 |     4096 |
 //   | forward  | sm_90 (NVIDIA H200)               | wide      |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200)               | coarse    |    never |    never |    never |
-//   | forward  | sm_90 (NVIDIA H200)               | narrow    |      128 |       64 |    never |
+//   | forward  | sm_90 (NVIDIA H200)               | narrow    |      512 |      512 |    never |
 //   | forward  | sm_90 (NVIDIA H200)               | small     |     4096 |     4096 |     4096 |
 //   | forward  | sm_90 (NVIDIA H200)               | one       |    never |    never |    never |
 //   | forward  | any other GPU                     | staged    |    never |    never |    never |
@@ -75,7 +75,7 @@ namespace avo::ops::add_layernorm {
 //   | backward | sm_90 (NVIDIA H200)               | coarse    |     2048 |     2048 |    never |
 //   | backward | sm_90 (NVIDIA H200)               | narrow    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200)               | small     |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200)               | one       |    never |    never |    never |
+//   | backward | sm_90 (NVIDIA H200)               | one       |    32768 |    32768 |    never |
 //   | backward | any other GPU                     | staged    |    never |    never |    never |
 //   | backward | any other GPU                     | global    |    never |    never |    never |
 //   | backward | any other GPU                     | pipelined |    never |    never |    never |
@@ -88,12 +88,12 @@ namespace avo::ops::add_layernorm {
 //   | backward | any other GPU                     | one       |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
     {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {128, 64, avo::kNeverUpTo}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, "NVIDIA H100 80GB HBM3"},
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {128, 64, avo::kNeverUpTo}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {512, 512, avo::kNeverUpTo}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
     {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 32768}, {256, 256, 512}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, 1024}, "NVIDIA H100 80GB HBM3"},
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, 32768}, {1024, 1024, 512}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, 32768}, {1024, 1024, 512}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {32768, 32768, avo::kNever}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 

@@ -73,7 +73,7 @@ namespace avo::ops::channel_norm {
 //   | backward | sm_90 (NVIDIA H200)               | cluster   |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200)               | wide      |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200)               | coarse    |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200)               | narrow    |    never |    never |    never |
+//   | backward | sm_90 (NVIDIA H200)               | narrow    |     1024 |     1024 |    never |
 //   | backward | sm_90 (NVIDIA H200)               | small     |     8192 |     8192 |     8192 |
 //   | backward | sm_90 (NVIDIA H200)               | one       |    never |    never |    never |
 //   | backward | any other GPU                     | staged    |    never |    never |    never |
@@ -93,7 +93,7 @@ constexpr avo::RowTuning kForwardTuning[] = {
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
     {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {8192, 8192, 8192}, {avo::kNever, avo::kNever, avo::kNever}, "NVIDIA H100 80GB HBM3"},
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {8192, 8192, 8192}, {avo::kNever, avo::kNever, avo::kNever}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {1024, 1024, avo::kNeverUpTo}, {8192, 8192, 8192}, {avo::kNever, avo::kNever, avo::kNever}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 

@@ -75,7 +75,7 @@ namespace avo::ops::layernorm {
 //   | backward | sm_90 (NVIDIA H200)               | coarse    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200)               | narrow    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200)               | small     |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200)               | one       |    never |    never |    never |
+//   | backward | sm_90 (NVIDIA H200)               | one       |     1024 |     1024 |    never |
 //   | backward | any other GPU                     | staged    |    never |    never |    never |
 //   | backward | any other GPU                     | global    |    never |    never |    never |
 //   | backward | any other GPU                     | pipelined |    never |    never |    never |
@@ -93,7 +93,7 @@ constexpr avo::RowTuning kForwardTuning[] = {
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
     {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, 64}, {4096, 4096, 32768}, {256, 256, 2048}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {1024, 1024, 2048}, "NVIDIA H100 80GB HBM3"},
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, 64}, {8192, 2048, 32768}, {256, 2048, 512}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, 64}, {8192, 2048, 32768}, {256, 2048, 512}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {1024, 1024, avo::kNever}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 

@@ -43,7 +43,7 @@ namespace avo::ops::rmsnorm {
 //   | forward  | sm_90 (NVIDIA H200)               | cluster   |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200)               | wide      |     4096 |     4096 |     4096 |
 //   | forward  | sm_90 (NVIDIA H200)               | coarse    |    never |    never |    never |
-//   | forward  | sm_90 (NVIDIA H200)               | narrow    |      512 |      512 |      512 |
+//   | forward  | sm_90 (NVIDIA H200)               | narrow    |       32 |       32 |      512 |
 //   | forward  | sm_90 (NVIDIA H200)               | small     |     8192 |     8192 |     8192 |
 //   | forward  | sm_90 (NVIDIA H200)               | one       |    never |    never |    never |
 //   | forward  | any other GPU                     | staged    |    never |    never |    never |
@@ -69,13 +69,13 @@ namespace avo::ops::rmsnorm {
 //   | backward | sm_90 (NVIDIA H200)               | staged    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200)               | global    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200)               | pipelined |       32 |       32 |    never |
-//   | backward | sm_90 (NVIDIA H200)               | tiled     |    16384 |    16384 |    32768 |
+//   | backward | sm_90 (NVIDIA H200)               | tiled     |     4096 |     4096 |    32768 |
 //   | backward | sm_90 (NVIDIA H200)               | cluster   |      512 |      512 |     2048 |
 //   | backward | sm_90 (NVIDIA H200)               | wide      |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200)               | coarse    |     2048 |     2048 |    never |
 //   | backward | sm_90 (NVIDIA H200)               | narrow    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200)               | small     |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200)               | one       |    never |    never |    never |
+//   | backward | sm_90 (NVIDIA H200)               | one       |     1024 |     1024 |     1024 |
 //   | backward | any other GPU                     | staged    |    never |    never |    never |
 //   | backward | any other GPU                     | global    |    never |    never |    never |
 //   | backward | any other GPU                     | pipelined |    never |    never |    never |
@@ -88,12 +88,12 @@ namespace avo::ops::rmsnorm {
 //   | backward | any other GPU                     | one       |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
     {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, 32, avo::kNeverUpTo}, {8192, 8192, 8192}, {avo::kNever, avo::kNever, avo::kNever}, "NVIDIA H100 80GB HBM3"},
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {512, 512, 512}, {8192, 8192, 8192}, {avo::kNever, avo::kNever, avo::kNever}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, 512}, {8192, 8192, 8192}, {avo::kNever, avo::kNever, avo::kNever}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
     {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, avo::kNever}, {4096, 4096, 32768}, {2048, 2048, 2048}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {1024, 1024, 1024}, "NVIDIA H100 80GB HBM3"},
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, avo::kNever}, {16384, 16384, 32768}, {512, 512, 2048}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, avo::kNever}, {4096, 4096, 32768}, {512, 512, 2048}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {1024, 1024, 1024}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 

@@ -43,7 +43,7 @@ namespace avo::ops::softmax {
 //   | forward  | sm_90 (NVIDIA H200)               | cluster   |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200)               | wide      |     4096 |     4096 |     4096 |
 //   | forward  | sm_90 (NVIDIA H200)               | coarse    |    never |    never |    never |
-//   | forward  | sm_90 (NVIDIA H200)               | narrow    |    never |    never |    never |
+//   | forward  | sm_90 (NVIDIA H200)               | narrow    |    never |      512 |    never |
 //   | forward  | sm_90 (NVIDIA H200)               | small     |     8192 |     8192 |    never |
 //   | forward  | sm_90 (NVIDIA H200)               | one       |    never |    never |    never |
 //   | forward  | any other GPU                     | staged    |    never |    never |    never |
@@ -88,7 +88,7 @@ namespace avo::ops::softmax {
 //   | backward | any other GPU                     | one       |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
     {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, avo::kNeverUpTo}, {avo::kNever, avo::kNever, 32768}, {avo::kNever, avo::kNever, avo::kNever}, "NVIDIA H100 80GB HBM3"},
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {8192, 8192, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 4096}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, 512, avo::kNeverUpTo}, {8192, 8192, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {

@@ -69,13 +69,13 @@ namespace avo::ops::swish_layernorm {
 //   | backward | sm_90 (NVIDIA H200)               | staged    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200)               | global    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200)               | pipelined |       32 |       32 |       64 |
-//   | backward | sm_90 (NVIDIA H200)               | tiled     |     8192 |     8192 |    32768 |
+//   | backward | sm_90 (NVIDIA H200)               | tiled     |     2048 |     2048 |    32768 |
 //   | backward | sm_90 (NVIDIA H200)               | cluster   |      256 |      256 |     1024 |
 //   | backward | sm_90 (NVIDIA H200)               | wide      |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200)               | coarse    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200)               | narrow    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200)               | small     |    never |    never |    never |
-//   | backward | sm_90 (NVIDIA H200)               | one       |    never |    never |    never |
+//   | backward | sm_90 (NVIDIA H200)               | one       |    16384 |    16384 |    never |
 //   | backward | any other GPU                     | staged    |    never |    never |    never |
 //   | backward | any other GPU                     | global    |    never |    never |    never |
 //   | backward | any other GPU                     | pipelined |    never |    never |    never |
@@ -93,7 +93,7 @@ constexpr avo::RowTuning kForwardTuning[] = {
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
     {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, 64}, {8192, 8192, 16384}, {256, 256, 1024}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {1024, 1024, 2048}, "NVIDIA H100 80GB HBM3"},
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, 64}, {8192, 8192, 32768}, {256, 256, 1024}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {32, 32, 64}, {2048, 2048, 32768}, {256, 256, 1024}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {16384, 16384, avo::kNever}},
     {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 
