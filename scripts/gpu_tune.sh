@@ -27,7 +27,7 @@
 #   TESTS        pytest -k expression of the line tests (default below); "none" skips them
 #   BASELINES    seconds for a last sweep of the other implementations alone (bench_ops.py
 #                --no-avo: eager, torch.compile and, where it is installed, Liger-Kernel,
-#                over the default row lengths), so that the report sets the new table
+#                over the cases SWEEP_ARGS chooses), so that the report sets the new table
 #                against baselines of the same GPU and run (default 0: none). The time is
 #                kept from the tuner runs as FINISH is; the sweep runs after the tests, is
 #                stopped at LIMIT and keeps what it measured (on an H200, avo, eager and
@@ -60,6 +60,19 @@ build() {
     MAX_JOBS=$(nproc) python3 setup.py build_ext --inplace >"$LOGS/build_$builds.log" 2>&1 \
         || { say "build $builds FAILED"; tail -n 30 "$LOGS/build_$builds.log"; exit 1; }
     say "build $builds done"
+}
+
+case_args() {  # the options of SWEEP_ARGS that choose the cases, not the implementations
+    local -a words=($SWEEP_ARGS)
+    local i
+    for ((i = 0; i < ${#words[@]}; i++)); do
+        case ${words[i]} in
+            --ops | --dirs | --dtypes | --row-lengths | --elements | --rows | --shapes)
+                echo "${words[i]} ${words[i + 1]:-}"; i=$((i + 1)) ;;
+            --ops=* | --dirs=* | --dtypes=* | --row-lengths=* | --elements=* | --rows=* | --shapes=* | --quick)
+                echo "${words[i]}" ;;
+        esac
+    done
 }
 
 sweep() {  # sweep NAME SECONDS BENCH_OPS_ARGS...: stopped after SECONDS (0: never), keeping what it measured
@@ -128,7 +141,7 @@ fi
 if [ "$BASELINES" -gt 0 ]; then
     budget=$(( $(left) > 10 ? $(left) - 5 : 5 ))
     say "baselines ($budget s at most)"
-    sweep baselines "$budget" --no-avo
+    sweep baselines "$budget" --no-avo $(case_args)
     [ -s "$LOGS/results.json" ] && [ -s "$LOGS/baselines.json" ] \
         && python3 benchmarks/bench_report.py "$LOGS/results.json" --baselines "$LOGS/baselines.json" \
             --out "$LOGS/report" --no-plots >"$LOGS/report.log" 2>&1 \

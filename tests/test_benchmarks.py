@@ -7,6 +7,7 @@ import json
 import math
 import os
 import struct
+import subprocess
 import sys
 
 import pytest
@@ -49,6 +50,28 @@ def test_default_sweep_fills_the_element_count_for_every_row_length():
     plan = bench_ops.plan_cases(args)
     assert len(plan) == len(args.ops) * 2 * 3 * 6
     assert all(math.prod(p.shape) == E for p in plan)
+
+
+@pytest.mark.parametrize("sweep_args", [
+    "--no-compile --no-liger",
+    "--no-compile --no-liger --row-lengths 256,2048,8192 --dtypes bf16,fp32",
+    "--no-liger --ops=layernorm,softmax --dirs bwd --elements 1048576",
+    "--no-compile --quick",
+])
+def test_gpu_tune_baselines_sweep_the_cases_of_the_avo_sweeps(sweep_args):
+    # scripts/gpu_tune.sh runs its baselines as bench_ops.py --no-avo $(case_args): the
+    # report sets avo against them case by case, so they must plan the same cases.
+    script = os.path.join(ROOT, "scripts", "gpu_tune.sh")
+    out = subprocess.run(
+        ["bash", "-c", f'eval "$(sed -n "/^case_args()/,/^}}/p" {script})"; case_args'],
+        env={**os.environ, "SWEEP_ARGS": sweep_args},
+        capture_output=True, text=True, check=True).stdout.split()
+    assert "--no-compile" not in out and "--no-liger" not in out
+
+    def cases(argv):
+        return [(p.case.op, p.case.direction, p.dtype, p.shape)
+                for p in bench_ops.plan_cases(bench_ops.parse_args(argv))]
+    assert cases(["--no-avo", *out]) == cases(sweep_args.split())
 
 
 def test_every_avo_op_has_a_forward_and_a_backward_case():
