@@ -8,6 +8,9 @@ this times the host side of one call in three modes:
     fwd_api  avo_ops.<op>(...), the functional API   vs the same torch call
     fwd_bwd  avo_ops.<op>(...) on inputs that require grad, then .backward() of its outputs,
              vs the same with the torch call (torch's autograd backward)
+    fwd_ops  torch.ops.avo.<op>(...)                  vs torch.ops.aten.<op>(...), for the
+             ops that torch has as one aten op (gelu, silu, layernorm, rmsnorm, softmax,
+             log_softmax): both calls go through torch's Python op-call layer
 
 The calls and their inputs are the forward cases of bench_cases.py (the torch calls: F.gelu,
 F.silu, F.layer_norm, F.rms_norm, torch.softmax, torch.log_softmax, F.layer_norm(F.silu(x)),
@@ -51,13 +54,26 @@ import bench_cases  # noqa: E402  (the ops' calls and inputs)
 import bench_report  # noqa: E402  (its table and JSON layouts)
 
 N = 1024
-MODES = ("fwd", "fwd_api", "fwd_bwd")
+MODES = ("fwd", "fwd_api", "fwd_bwd", "fwd_ops")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 ROUNDS = 10  # avo and torch alternate in this many blocks per mode
 
 
 # The input shape per op: one row of N elements, or this.
 SHAPES = {"channel_norm": (1, 4, N // 4)}
+
+# torch.ops.aten's call for the ops torch has as one op, with the forward cases' inputs
+# and eps: the torch side of the fwd_ops mode. The fused ops have no such op (their torch
+# call is several aten ops), and no fwd_ops row.
+ATEN_CALLS: dict[str, Callable] = {
+    "gelu": lambda x: torch.ops.aten.gelu(x, approximate="none"),
+    "silu": lambda x: torch.ops.aten.silu(x),
+    "layernorm": lambda x, w, b: torch.ops.aten.layer_norm(
+        x, [x.shape[-1]], w, b, bench_cases.LN_EPS),
+    "rmsnorm": lambda x, w: torch.ops.aten.rms_norm(x, [x.shape[-1]], w, bench_cases.RMS_EPS),
+    "softmax": lambda x: torch.ops.aten.softmax(x, -1),
+    "log_softmax": lambda x: torch.ops.aten.log_softmax(x, -1),
+}
 
 
 @dataclass(frozen=True)
@@ -172,6 +188,9 @@ def measure_op(calls: OpCalls, dtype, device, iters: int, warmup: int,
         "fwd_bwd": (backward_step(calls.avo_api, leaves),
                     backward_step(calls.case.eager, leaves)),
     }
+    if calls.op in ATEN_CALLS:
+        pairs["fwd_ops"] = (forward_step(calls.case.avo, plain),
+                            forward_step(ATEN_CALLS[calls.op], plain))
     rows = []
     for mode, (avo_step, torch_step) in pairs.items():
         times = time_steps({"avo": avo_step, "torch": torch_step}, iters, warmup, sync_every,
@@ -211,7 +230,8 @@ def markdown_report(meta: dict, rows: Sequence[dict]) -> str:
         "Host time of one call (wall time of the call itself; on CUDA the kernels run "
         "asynchronously). fwd: torch.ops.avo.<op> vs the torch call; fwd_api: avo_ops.<op> "
         "vs the torch call; fwd_bwd: avo_ops.<op> with inputs requiring grad plus "
-        ".backward(), vs the torch call plus .backward().",
+        ".backward(), vs the torch call plus .backward(); fwd_ops: torch.ops.avo.<op> vs "
+        "torch.ops.aten.<op>, where torch has the op as one aten op.",
         "",
         f"Command: `{meta['command']}`",
         "",

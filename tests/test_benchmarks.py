@@ -441,13 +441,28 @@ def test_host_overhead_runs_on_cpu_and_reports_every_op(tmp_path, capsys):
     import avo_ops
     assert ops == set(avo_ops.OPS)
     assert {(r["op"], r["mode"]) for r in report["rows"]} == {
-        (op, mode) for op in ops for mode in bench_host_overhead.MODES}
+        (op, mode) for op in ops for mode in bench_host_overhead.MODES
+        if mode != "fwd_ops" or op in bench_host_overhead.ATEN_CALLS}
+    assert set(bench_host_overhead.ATEN_CALLS) == {
+        "gelu", "silu", "layernorm", "rmsnorm", "softmax", "log_softmax"}
     for r in report["rows"]:
         assert r["avo_us"] > 0 and r["torch_us"] > 0
         assert r["ratio"] == pytest.approx(r["avo_us"] / r["torch_us"], rel=0.01, abs=0.001)
     md = (tmp_path / "host_overhead.md").read_text()
     assert md.count("\n| ") == 1 + len(report["rows"])  # header + one line per row
     assert "layernorm" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("op", sorted(bench_host_overhead.ATEN_CALLS))
+def test_host_overhead_aten_call_computes_what_the_torch_call_does(op):
+    # fwd_ops sets torch.ops.avo.<op> against this aten call: the same op as the torch
+    # call of the other modes, with the same inputs and eps.
+    calls = next(c for c in bench_host_overhead.op_table() if c.op == op)
+    torch.manual_seed(0)
+    tensors = calls.case.make_inputs(calls.shape, torch.float32, torch.device("cpu"))
+    aten_out = bench_host_overhead.ATEN_CALLS[op](*tensors)
+    torch.testing.assert_close(aten_out, calls.case.eager(*tensors), rtol=0, atol=0)
+    torch.testing.assert_close(aten_out, calls.case.avo(*tensors), rtol=1e-5, atol=1e-5)
 
 
 # --------------------------------------------------------------------------- two runs
