@@ -2,7 +2,7 @@
 """Host overhead of avo calls on a small tensor, against the corresponding torch calls.
 
 For each op, on a 1x1024 input (channel_norm: [1, 4, 256]) with its weight/bias/residual,
-this times the host side of one call in three modes:
+this times the host side of one call in four modes:
 
     fwd      torch.ops.avo.<op>(...)                  vs the torch call (F.layer_norm, ...)
     fwd_api  avo_ops.<op>(...), the functional API   vs the same torch call
