@@ -30,7 +30,7 @@ so host launch overhead never shows up in the per-call times.
 
 Shapes (the last dimension is the row length N; channel_norm lays R x N out as
 [R/64, 64, N], see bench_cases.channel_layout):
-    default          --row-lengths 256,1024,4096,16384,65536,262144 --elements 67108864
+    default          --row-lengths 256,1024,2048,4096,8192,16384,65536,262144 --elements 67108864
     --row-lengths    the N values of the sweep
     --elements E     rows = E // N for each N (default 2^26)
     --rows R         R rows for every N instead
@@ -60,7 +60,7 @@ line per measurement above it; when stderr is not a terminal (a log), the same m
 line per case. --no-progress, or no tqdm installed: plain "[i/total] case" lines. The
 summary table is printed last on stdout.
 
-The default sweep is 360 cases (10 ops x 2 directions x 3 dtypes x 6 row lengths); its time
+The default sweep is 480 cases (10 ops x 2 directions x 3 dtypes x 8 row lengths); its time
 goes mostly to compiling: torch.compile (about a second per row-op case) and Liger's Triton
 JIT. --no-compile, --no-liger, fewer --dtypes or --ops cut it down.
 """
@@ -89,7 +89,7 @@ from bench_cases import Case, Shape, op_names
 
 Tensor = torch.Tensor
 
-DEFAULT_ROW_LENGTHS = [256, 1024, 4096, 16384, 65536, 262144]
+DEFAULT_ROW_LENGTHS = [256, 1024, 2048, 4096, 8192, 16384, 65536, 262144]
 DEFAULT_ELEMENTS = 1 << 26   # 128 MiB in bf16: every tensor is twice the H200's 60 MiB L2
 DEFAULT_DTYPES = ["bf16", "fp16", "fp32"]
 DEFAULT_OPS = [op for op in op_names() if op != "gelu_tanh"]

@@ -42,13 +42,13 @@ def planned(args, op, direction, dtype, n):
 
 def test_default_sweep_fills_the_element_count_for_every_row_length():
     args = bench_ops.parse_args([])
-    assert args.shapes == [(E // n, n) for n in (256, 1024, 4096, 16384, 65536, 262144)]
+    assert args.shapes == [(E // n, n) for n in (256, 1024, 2048, 4096, 8192, 16384, 65536, 262144)]
     assert args.shapes[0] == (262144, 256) and args.shapes[-1] == (256, 262144)
     assert args.dtypes == [torch.bfloat16, torch.float16, torch.float32]
     assert args.dirs == ["fwd", "bwd"]
     assert set(args.ops) == set(bench_cases.op_names()) - {"gelu_tanh"}
     plan = bench_ops.plan_cases(args)
-    assert len(plan) == len(args.ops) * 2 * 3 * 6
+    assert len(plan) == len(args.ops) * 2 * 3 * 8
     assert all(math.prod(p.shape) == E for p in plan)
 
 
@@ -97,9 +97,10 @@ def test_rows_rows_override_and_explicit_shapes():
 
 def test_channel_norm_lays_rows_out_as_batch_x_64_channels():
     args = bench_ops.parse_args(["--ops", "channel_norm", "--dirs", "fwd"])
-    assert [p.shape for p in bench_ops.plan_cases(args)][:6] == [
-        (E // 256 // 64, 64, 256), (E // 1024 // 64, 64, 1024), (E // 4096 // 64, 64, 4096),
-        (E // 16384 // 64, 64, 16384), (E // 65536 // 64, 64, 65536), (4, 64, 262144)]
+    assert [p.shape for p in bench_ops.plan_cases(args)][:8] == [
+        (E // 256 // 64, 64, 256), (E // 1024 // 64, 64, 1024), (E // 2048 // 64, 64, 2048),
+        (E // 4096 // 64, 64, 4096), (E // 8192 // 64, 64, 8192), (E // 16384 // 64, 64, 16384),
+        (E // 65536 // 64, 64, 65536), (4, 64, 262144)]
     assert bench_cases.channel_layout((24, 100)) == (3, 8, 100)  # 8 = gcd(24, 64)
 
 
