@@ -904,30 +904,41 @@ def test_cluster_kernel_version_reads_its_copy_of_weight_and_bias(name, params, 
     check_gradients(op, tensors, dtype, op.op)
 
 
-# (forced version, row length, the fixed group width of a 16-bit forward's kernel): a
-# thread of the register rows holds 4 vectors of 8 elements, of the narrow rows 2, in a
-# power of two of threads; groups of 8 to 512 threads run kernels compiled for their width
-# (kFixedGroupWidths in csrc/include/avo/row_cuda.cuh), wider ones the kernel of any width
-# (layernorm and softmax keep no values between passes, so they take every fixed width).
-FIXED_GROUPS = [("register", 200, 8), ("register", 512, 16), ("register", 1024, 32), ("register", 2000, 64),
-                ("register", 4096, 128), ("register", 8192, 256), ("register", 16000, 512),
-                ("narrow", 200, 16), ("narrow", 512, 32), ("narrow", 1024, 64), ("narrow", 2000, 128),
-                ("narrow", 8192, 512)]
+# (forced version, row length, the group width of a forward's rows in 16 bits, in fp32): a
+# thread of the register rows holds 4 vectors of 16 bytes (8 elements in 16 bits, 4 in
+# fp32), of the narrow rows 2, in a power of two of threads. Groups of 8 to 512 threads
+# run kernels compiled for their width (kFixedGroupWidths in csrc/include/avo/row_cuda.cuh),
+# and so do rmsnorm's register rows of 1024 (kLightRow: its fixed kernels are held to 32
+# registers); other groups of 1024 take the kernel of any width (0). layernorm and
+# softmax keep no values between passes, so they take every fixed width to 512.
+ROW_GROUPS = [("register", 200, 8, 16), ("register", 512, 16, 32), ("register", 1024, 32, 64),
+              ("register", 2000, 64, 128), ("register", 4096, 128, 256), ("register", 8192, 256, 512),
+              ("register", 16000, 512, 1024), ("register", 32768, 1024, None),
+              ("narrow", 200, 16, 32), ("narrow", 512, 32, 64), ("narrow", 1024, 64, 128),
+              ("narrow", 2000, 128, 256), ("narrow", 4096, 256, 512), ("narrow", 8192, 512, 1024)]
+
+
+def fixed_group_threads(name, version, threads):
+    """The width of the kernel of fixed group width a forward's rows of `threads` take."""
+    return threads if threads <= 512 or (name == "rmsnorm" and version == "register") else 0
 
 
 @needs_cuda
-@pytest.mark.parametrize("version,length,threads", FIXED_GROUPS, ids=str)
-@pytest.mark.parametrize("name", ["layernorm", "softmax"])
-def test_short_16_bit_rows_take_the_kernel_of_their_group_width(name, version, length, threads, dtype):
+@pytest.mark.parametrize("version,length,threads,fp32_threads", ROW_GROUPS, ids=str)
+@pytest.mark.parametrize("name", ["layernorm", "rmsnorm", "softmax"])
+def test_short_rows_take_the_kernel_of_their_group_width(name, version, length, threads, fp32_threads, dtype):
     """Forced onto the register or narrow rows (softmax's register rows: the lean kernel),
-    a 16-bit forward reports the fixed width of its kernel (0: the kernel of any width),
-    an fp32 one always 0; and the values match float64."""
+    a forward reports the fixed width of its kernel (0: the kernel of any width), and the
+    values match float64."""
     op = OPS[name]
+    if dtype == torch.float32 and fp32_threads is None:
+        pytest.skip("fp32 rows of this length do not fit the register rows")
     tensors = make_inputs(op, (300, length), dtype, "cuda")
     with forced(avo_ops._C.set_row_version, version):
         check_values(op, tensors, dtype)
         assert avo_ops._C.last_row_version() == version
-        assert avo_ops._C.last_fixed_group_threads() == (threads if dtype != torch.float32 else 0)
+        width = fp32_threads if dtype == torch.float32 else threads
+        assert avo_ops._C.last_fixed_group_threads() == fixed_group_threads(name, version, width)
 
 
 # A backward with per-column sums (the parameter gradients) loads the next row of its

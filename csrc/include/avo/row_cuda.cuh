@@ -17,9 +17,10 @@
 //    a measured length on) a group of up to 512 threads holds 2P vectors a thread; on
 //    narrow rows (up to a measured length, maths without per-column sums) twice the
 //    threads hold P/2 vectors each, and the per-column vectors (weight, bias) too,
-//    loaded with the row (kNarrowColumnsAhead). Unpipelined 16-bit rows without
-//    per-column sums in groups of 8 to 64 threads (to 512 for maths that keep no
-//    values) take kernels whose G is fixed when they are compiled (kFixedGroupWidths).
+//    loaded with the row (kNarrowColumnsAhead). Unpipelined rows of 16-byte vectors
+//    without per-column sums in groups of 8 to 64 threads (to 512 for maths that keep
+//    no values, to 1024 in the register rows of kLightRow maths) take kernels whose G is
+//    fixed when they are compiled (kFixedGroupWidths).
 //  - StagedRow, for longer aligned rows that fit in shared memory: a block takes a row;
 //    its per-element inputs are copied into shared memory with cp.async, kStages rows
 //    at a time, so that the next rows arrive while the block computes the current one.
@@ -752,7 +753,7 @@ struct RegisterRow
   static constexpr bool kOnePassMoments = kClustered && sizeof(T) == 2 && Math::kKeptValues == 0;
   // A fixed width unrolls the butterflies of the group's reductions (butterfly_offsets).
   static constexpr bool kUnrolledGroup = kGroupThreads > 0;
-  static_assert(kGroupThreads == 0 || (!kClustered && kGroupThreads <= 512), "a fixed group is sixteen warps at most");
+  static_assert(kGroupThreads == 0 || (!kClustered && kGroupThreads <= 1024), "a fixed group is one block at most");
 
   // This thread's vectors of every per-element input of a row (zero where it has none),
   // and the row's values of the per-row inputs the forward saved (Math::kSavedInputs).
@@ -1702,10 +1703,33 @@ __device__ __forceinline__ void register_rows(const Args& args, const Math& math
   if (has_chunk) write_partials<Math, Args, Row::P, V>(args, kept.sums, chunk, group_threads, lane);
 }
 
+// A light row: one per-element input, one per-column input, nothing kept between passes
+// and no per-column sums (rmsnorm's forward; without a per-column input it is a lean row,
+// whose kernel has a bound of its own: kLeanRow). Its kernels of a fixed group width
+// are held to 32 registers, so that a multiprocessor runs all the warps it can (2048
+// threads): ptxas gave rmsnorm's fp32 register rows 40 (six blocks of 256 threads, 71%
+// of the warps; torch.compile's kernel 92%, benchmarks/results/2026-12-06-h100-rows-
+// behind-profile/), and 32 spill nothing. Every other math's fixed kernels spilled
+// 8-272 bytes under that bound (nvcc 13.0, sm_90). Its register rows also have a kernel
+// for groups of 1024 threads (two blocks a multiprocessor: rows of 16384 fp32 elements,
+// which otherwise take wide rows, two blocks of 512 threads).
+template <typename Math>
+constexpr bool kLightRow = kElementInputCount<Math> == 1 && __builtin_popcount(Math::kColumnInputs) == 1 &&
+                           Math::kKeptValues == 0 && Math::kColumnSums == 0;
+// The block of a kernel of fixed group width (launch_row_op: never chunked), and the
+// blocks of it a multiprocessor must hold: all its threads for a light row, else
+// register_row_kernel's usual bound.
+template <int kGroupThreads>
+constexpr int kFixedGroupBlockThreads = kGroupThreads < kShortRowBlockThreads ? kShortRowBlockThreads : kGroupThreads;
+constexpr int kMultiprocessorThreads = 2048;  // sm_80 and sm_90
+
 // The kernel of register_rows, except for the unpipelined lean and wide rows
 // (lean_row_kernel, wide_row_kernel).
 template <typename T, typename Args, typename Math, int V, bool kPipelined, int kGroupThreads = 0>
-__global__ void __launch_bounds__(kMaxGroupThreads<Math>, kRowBlocksPerSM<Math, kPipelined>)
+__global__ void __launch_bounds__(
+    kGroupThreads > 0 && kLightRow<Math> ? kFixedGroupBlockThreads<kGroupThreads> : kMaxGroupThreads<Math>,
+    kGroupThreads > 0 && kLightRow<Math> ? kMultiprocessorThreads / kFixedGroupBlockThreads<kGroupThreads>
+                                         : kRowBlocksPerSM<Math, kPipelined>)
     register_row_kernel(const Args args, const Math math, int group_threads) {
   register_rows<T, Args, Math, V, kPipelined, kRowVectors<Math>, kGroupThreads>(args, math, group_threads);
 }
@@ -2676,8 +2700,8 @@ RegisterRowKernel<Args, Math> register_version_kernel(RowVersion version) {
   else return register_row_kernel<T, Args, Math, V, false, kGroupThreads>;
 }
 
-// Group widths that 16-bit rows without per-column sums (forwards, and the backwards
-// of softmax, log_softmax and channel_norm) take fixed at compile time, in their
+// Group widths that rows of 16-byte vectors without per-column sums (forwards, and the
+// backwards of softmax, log_softmax and channel_norm) take fixed at compile time, in their
 // unpipelined register, lean and narrow rows: groups of 8 to 64 threads (rows of 65 to
 // 2048 elements), and of 128 to 512 threads (to 16384 elements) for the maths that keep
 // no values between passes. With the width known, a butterfly is unrolled (a shuffle
@@ -2686,15 +2710,18 @@ RegisterRowKernel<Args, Math> register_version_kernel(RowVersion version) {
 // rows are shifts and masks of constants. On an H100 these rows issued about twice the
 // instructions of torch.compile's kernels for the same bytes, which fits their falling
 // 3-4% behind it on the H200 (benchmarks/results/2026-12-06-h100-short-row-profile/).
-// Other widths and types keep one kernel for every width: each fixed width is a kernel
-// more to build. Widths 128-512 gained up to 1.9% on an H100 (rmsnorm's 16-bit forward at
+// In fp32 the fixed kernel also takes fewer registers: rmsnorm's forward at 4096 ran in
+// blocks of 256 threads with 40 registers, six blocks a multiprocessor (71% of its warps,
+// torch.compile's kernel 92%; benchmarks/results/2026-12-06-h100-rows-behind-profile/).
+// Other widths keep one kernel for every width: each fixed width is a kernel more to
+// build. Widths 128-512 gained up to 1.9% on an H100 (rmsnorm's 16-bit forward at
 // 16384; benchmarks/results/2026-12-07-h100-fixed-widths-to-512/); swish_layernorm's
 // forward, which keeps each element's sigmoid, lost 9% at 512 threads: under the
 // 64-register bound ptxas loads a row's second vector only after the first pass
 // (benchmarks/results/2026-12-07-h100-wide-fixed-widths/), so the maths with kept
 // values stop at 64.
 template <typename T, typename Math>
-constexpr bool kFixedGroupWidths = sizeof(T) == 2 && Math::kColumnSums == 0;
+constexpr bool kFixedGroupWidths = Math::kColumnSums == 0;
 
 // The kernel of a RegisterRow version for rows of 16-byte vectors in groups of `group`
 // threads: one of a fixed width where there is one (recorded in last_fixed_group_threads).
@@ -2713,6 +2740,9 @@ RegisterRowKernel<Args, Math> fixed_or_any_group_kernel(RowVersion version, int 
         if (group == 256) fixed = register_version_kernel<T, Args, Math, V, 256>(version);
         if (group == 512) fixed = register_version_kernel<T, Args, Math, V, 512>(version);
       }
+      if constexpr (kLightRow<Math>)
+        if (version == RowVersion::kRegister && group == 1024)
+          fixed = register_version_kernel<T, Args, Math, V, 1024>(version);
     }
   }
   last_fixed_group_threads() = fixed != nullptr ? group : 0;
