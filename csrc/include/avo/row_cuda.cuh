@@ -2703,16 +2703,16 @@ RegisterRowKernel<Args, Math> register_version_kernel(RowVersion version) {
 // Group widths that rows of 16-byte vectors without per-column sums (forwards, and the
 // backwards of softmax, log_softmax and channel_norm) take fixed at compile time, in their
 // unpipelined register, lean and narrow rows: groups of 8 to 64 threads (rows of 65 to
-// 2048 elements), and of 128 to 512 threads (to 16384 elements) for the maths that keep
-// no values between passes. With the width known, a butterfly is unrolled (a shuffle
+// 2048 16-bit or 33 to 1024 fp32 elements), and of 128 to 512 threads (to 16384 16-bit
+// or 8192 fp32 elements) for the maths that keep no values between passes; kLightRow
+// maths' register rows also in groups of 1024. With the width known, a butterfly is unrolled (a shuffle
 // and an add a step, where a turn of the loop over a width known at run time takes
 // seven instructions), a group of one warp has no barrier, and the group's lanes and
 // rows are shifts and masks of constants. On an H100 these rows issued about twice the
 // instructions of torch.compile's kernels for the same bytes, which fits their falling
 // 3-4% behind it on the H200 (benchmarks/results/2026-12-06-h100-short-row-profile/).
-// In fp32 the fixed kernel also takes fewer registers: rmsnorm's forward at 4096 ran in
-// blocks of 256 threads with 40 registers, six blocks a multiprocessor (71% of its warps,
-// torch.compile's kernel 92%; benchmarks/results/2026-12-06-h100-rows-behind-profile/).
+// In fp32 the fixed kernels gained 0.2% on an H100, where those rows run at copy (rmsnorm's,
+// held to 32 registers, 0.3-0.6%; benchmarks/results/2026-12-07-h100-fp32-fixed-widths/).
 // Other widths keep one kernel for every width: each fixed width is a kernel more to
 // build. Widths 128-512 gained up to 1.9% on an H100 (rmsnorm's 16-bit forward at
 // 16384; benchmarks/results/2026-12-07-h100-fixed-widths-to-512/); swish_layernorm's
