@@ -1716,11 +1716,18 @@ __device__ __forceinline__ void register_rows(const Args& args, const Math& math
 template <typename Math>
 constexpr bool kLightRow = kElementInputCount<Math> == 1 && __builtin_popcount(Math::kColumnInputs) == 1 &&
                            Math::kKeptValues == 0 && Math::kColumnSums == 0;
-// The block of a kernel of fixed group width (launch_row_op: never chunked), and the
-// blocks of it a multiprocessor must hold: all its threads for a light row, else
+// The block of a RegisterRow version's launch for groups of `group` threads: short rows
+// share a block (kRowBlockThreads where the call sums columns, kShortRowBlockThreads
+// where it does not), longer ones take a block each. launch_row_op launches with it, and
+// a kernel of fixed group width (never chunked) is bounded by it: its blocks a
+// multiprocessor must hold are all its threads for a light row, else
 // register_row_kernel's usual bound.
+constexpr int register_row_block_threads(int group, bool chunked) {
+  const int row_block = chunked ? kRowBlockThreads : kShortRowBlockThreads;
+  return group < row_block ? row_block : group;
+}
 template <int kGroupThreads>
-constexpr int kFixedGroupBlockThreads = kGroupThreads < kShortRowBlockThreads ? kShortRowBlockThreads : kGroupThreads;
+constexpr int kFixedGroupBlockThreads = register_row_block_threads(kGroupThreads, false);
 constexpr int kMultiprocessorThreads = 2048;  // sm_80 and sm_90
 
 // The kernel of register_rows, except for the unpipelined lean and wide rows
@@ -2803,8 +2810,7 @@ void launch_row_op(const Args& given, const Math& math, const RowTuning (&tuning
       const int group = threads_for(vectors, wide     ? kWideRowVectors<Math>
                                              : narrow ? kNarrowRowVectors<Math>
                                                       : kRowVectors<Math>);
-      const int row_block = chunked ? kRowBlockThreads : kShortRowBlockThreads;
-      const int block = group < row_block ? row_block : group;
+      const int block = register_row_block_threads(group, chunked);
       const int groups = block / group;
       const auto kernel = vectorized ? fixed_or_any_group_kernel<T, Args, Math, V>(version, group)
                                      : register_version_kernel<T, Args, Math, 1>(version);
