@@ -454,17 +454,18 @@ def bench_case(planned: Planned, impls: Sequence[Impl], timer: Timer, copy_gbps,
 
 def avo_kernel(case: Case) -> Optional[str]:
     """The CUDA kernel version avo's last call of a row op took ("register", "cluster 256",
-    "tiled one", "narrow fixed 16", ...: the row version, with a cluster row's block
-    threads, the tiled version's kernels, and the group width of a register or narrow
-    rows' kernel compiled for it); None for the elementwise ops, which have no row
-    versions."""
+    "cluster 128 prefetch", "tiled one", "narrow fixed 16", ...: the row version, with a
+    cluster row's block threads and whether it prefetched its rows, the tiled version's
+    kernels, and the group width of a register or narrow rows' kernel compiled for it);
+    None for the elementwise ops, which have no row versions."""
     if case.op in bench_report.ELEMENTWISE_OPS:
         return None
     import avo_ops  # loaded already: its call just ran
     ext = avo_ops._C
     version = ext.last_row_version()
     if version == "cluster":
-        return f"cluster {ext.last_cluster_block_threads()}"
+        prefetch = " prefetch" if ext.last_row_prefetch() == "on" else ""
+        return f"cluster {ext.last_cluster_block_threads()}{prefetch}"
     if version == "tiled":
         return f"tiled {ext.last_tiled_kernels()}"
     fixed = ext.last_fixed_group_threads()

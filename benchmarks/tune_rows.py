@@ -66,6 +66,11 @@ two, at the lengths where both ran (avo_ops._C.last_tiled_kernels: the one kerne
 only where all its blocks fit on the GPU at once). The tiled line's own times take the
 tiled version as the file's one line has it: after a change of the one line, a second
 run of the tiled line (--tables tiled) measures the version the build now runs.
+An eleventh, prefetch_min_vectors, times each backward with per-column sums that takes the
+cluster version (the table's choice) with and without its rows prefetched into L2
+(avo_ops._C.set_row_prefetch; cluster_rows in csrc/include/avo/row_cuda.cuh) and compares
+on against off, at the lengths where the call took the cluster version
+(avo_ops._C.last_row_prefetch).
 Forwards are not timed tiled: the tiled version takes only backwards with per-column
 sums. A run that took another version (a backward of two per-element inputs of four
 vectors a thread cannot pipeline) is dropped because, kept, it would time the table's
@@ -130,7 +135,8 @@ TABLE_VERSIONS = {"staged_min_vectors": ("register", "pipelined", "wide", "narro
                   "coarse_chunks_min_vectors": ("fine_chunks", "coarse_chunks"),
                   "narrow_max_vectors": ("register", "pipelined", "wide", "narrow"),
                   "small_cluster_blocks_min_vectors": ("full_cluster_blocks", "small_cluster_blocks"),
-                  "one_kernel_min_vectors": ("two_tiled_kernels", "one_tiled_kernels")}
+                  "one_kernel_min_vectors": ("two_tiled_kernels", "one_tiled_kernels"),
+                  "prefetch_min_vectors": ("off_row_prefetch", "on_row_prefetch")}
 # A table's name on the command line: "staged" for staged_min_vectors, "narrow" for
 # narrow_max_vectors.
 TABLE_NAMES = {t.removesuffix("_min_vectors").removesuffix("_max_vectors"): t for t in TABLE_VERSIONS}
@@ -143,8 +149,12 @@ CLUSTER_BLOCKS = ("full", "small")
 # The table of the tiled version's kernels, and its two timings (named like versions).
 TILED_KERNELS_TABLE = "one_kernel_min_vectors"
 TILED_KERNELS = ("two", "one")
+# The table of the cluster rows' prefetch, and its two timings (named like versions).
+PREFETCH_TABLE = "prefetch_min_vectors"
+PREFETCHES = ("off", "on")
 # The versions a direction is not timed on: forwards never tile and have no chunks.
-UNTIMED = {"fwd": ("tiled", "fine_chunks", "coarse_chunks", "two_tiled_kernels", "one_tiled_kernels"), "bwd": ()}
+UNTIMED = {"fwd": ("tiled", "fine_chunks", "coarse_chunks", "two_tiled_kernels", "one_tiled_kernels",
+                   "off_row_prefetch", "on_row_prefetch"), "bwd": ()}
 # The tables compared on rows of up to STAGED_MAX_LENGTH only: beyond, only the last
 # version of the table (or none of them) fits.
 SHORT_ROW_TABLES = ("staged_min_vectors", "pipelined_min_vectors", "cluster_min_vectors", "wide_min_vectors",
@@ -221,6 +231,17 @@ def time_tiled_kernels(avo_ops, case, shape, dtype, timer: bench_ops.Timer) -> d
                             kernels)
     finally:
         avo_ops._C.set_row_version("auto")
+
+
+def time_row_prefetch(avo_ops, case, shape, dtype, timer: bench_ops.Timer) -> dict[str, float]:
+    """{"off_row_prefetch": us, "on_row_prefetch": us} of a backward with per-column sums
+    that takes the cluster version (time_choices)."""
+    def prefetched():
+        taken = avo_ops._C.last_row_prefetch()
+        return taken if taken != "auto" else ""
+
+    return time_choices(case, shape, dtype, timer, avo_ops._C.set_row_prefetch, PREFETCHES, "row_prefetch",
+                        prefetched)
 
 
 def median_of_rounds(rounds: list[dict[str, float | None]]) -> dict[str, float | None]:
@@ -436,14 +457,17 @@ def main(argv=None) -> int:
             chunked = CHUNK_TABLE in table_names and direction == "bwd"
             clustered = CLUSTER_BLOCKS_TABLE in table_names
             tiled = TILED_KERNELS_TABLE in table_names and direction == "bwd"
+            prefetched = PREFETCH_TABLE in table_names and direction == "bwd"
             rounds = []
             for _ in range(args.rounds):  # every version once a round, so that a slow spell of the GPU hits them all
                 rounds.append((
                     {v: time_version(avo_ops, case, shape, dtype, v, timer) for v in tried},
                     time_chunk_sizes(avo_ops, case, shape, dtype, timer) if chunked else {},
                     time_cluster_blocks(avo_ops, case, shape, dtype, timer) if clustered else {},
-                    time_tiled_kernels(avo_ops, case, shape, dtype, timer) if tiled else {}))
-            times, chunk_times, block_times, tiled_times = (median_of_rounds(list(r)) for r in zip(*rounds))
+                    time_tiled_kernels(avo_ops, case, shape, dtype, timer) if tiled else {},
+                    time_row_prefetch(avo_ops, case, shape, dtype, timer) if prefetched else {}))
+            times, chunk_times, block_times, tiled_times, prefetch_times = (median_of_rounds(list(r))
+                                                                            for r in zip(*rounds))
             timed = [v for v in tried if times[v] is not None]
             vectors = n * dtype.itemsize // 16
             measurements.append({"op": op, "kernel": ROLES[direction], "dtype": dtype_name, "row_length": n,
@@ -451,16 +475,19 @@ def main(argv=None) -> int:
                                  **{f"{v}_us": round(times[v], 2) for v in timed},
                                  **{f"{k}_us": round(t, 2) for k, t in chunk_times.items()},
                                  **{f"{k}_us": round(t, 2) for k, t in block_times.items()},
-                                 **{f"{k}_us": round(t, 2) for k, t in tiled_times.items()}})
+                                 **{f"{k}_us": round(t, 2) for k, t in tiled_times.items()},
+                                 **{f"{k}_us": round(t, 2) for k, t in prefetch_times.items()}})
             chunk_note = ([f"{k} {t:.1f} us" for k, t in chunk_times.items()] or ["chunks the same either way"]
                           if chunked else [])
             block_note = ([f"{k} {t:.1f} us" for k, t in block_times.items()] or ["cluster blocks the same either way"]
                           if clustered else [])
             tiled_note = ([f"{k} {t:.1f} us" for k, t in tiled_times.items()] or ["the tiled version in two kernels only"]
                           if tiled else [])
+            prefetch_note = ([f"{k} {t:.1f} us" for k, t in prefetch_times.items()]
+                             or ["no cluster rows with per-column sums"] if prefetched else [])
             print(f"[{i}/{len(plan)}] {op}.{direction} {dtype_name} N={n}: "
                   + ", ".join([f"{v} {times[v]:.1f} us" if times[v] is not None else f"{v} cannot take it"
-                               for v in tried] + chunk_note + block_note + tiled_note), file=sys.stderr, flush=True)
+                               for v in tried] + chunk_note + block_note + tiled_note + prefetch_note), file=sys.stderr, flush=True)
     found = {group: thresholds(points, table_names, args.margin, args.tolerance,
                                None if args.fresh else previous_lines(previous, group, table_names))
              for group, points in by_group(measurements).items()}

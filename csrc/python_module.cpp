@@ -2,9 +2,10 @@
 // registrations of the linked op sources; it exposes built_with_cuda(), cpu_threads(),
 // set_row_version(), last_row_version(), set_chunk_size(), last_rows_per_chunk(),
 // set_cluster_blocks(), last_cluster_block_threads(), last_fixed_group_threads(),
-// set_tiled_kernels(), last_tiled_kernels(), cpu_copies(), set_cpu_copy(), cpu_copy() and
-// last_cpu_copy() (for tests and benchmarks), and the ops' entry points for the
-// functional API (generated/python_calls.cpp).
+// set_tiled_kernels(), last_tiled_kernels(), set_row_prefetch(), last_row_prefetch(),
+// cpu_copies(), set_cpu_copy(), cpu_copy() and last_cpu_copy() (for tests and
+// benchmarks), and the ops' entry points for the functional API
+// (generated/python_calls.cpp).
 #include <Python.h>
 
 #include <ATen/Parallel.h>
@@ -121,6 +122,17 @@ PyObject* set_cluster_blocks(PyObject*, PyObject* arg) {
   return set_named("set_cluster_blocks", "blocks", arg, blocks, avo::forced<avo::ClusterBlocks>());
 }
 
+// set_row_prefetch(name): "auto", "off" or "on" (avo::RowPrefetch).
+const Named<avo::RowPrefetch> kPrefetches[] = {
+    {"auto", avo::RowPrefetch::kAuto}, {"off", avo::RowPrefetch::kOff}, {"on", avo::RowPrefetch::kOn}};
+PyObject* set_row_prefetch(PyObject*, PyObject* arg) {
+  return set_named("set_row_prefetch", "prefetch", arg, kPrefetches, avo::forced<avo::RowPrefetch>());
+}
+
+// last_row_prefetch(): whether the last CUDA row-op call prefetched its rows ("on", "off";
+// "auto" where it could not, or before any).
+PyObject* last_row_prefetch(PyObject*, PyObject*) { return name_of(kPrefetches, avo::last_row_prefetch()); }
+
 // last_cluster_block_threads(): the threads of a block of the last CUDA row-op call that
 // took the cluster version (0 before any).
 PyObject* last_cluster_block_threads(PyObject*, PyObject*) { return PyLong_FromLong(avo::last_cluster_block_threads()); }
@@ -213,6 +225,12 @@ PyMethodDef methods[] = {
     {"set_cluster_blocks", set_cluster_blocks, METH_O,
      "Makes every CUDA row-op call that takes the cluster version without per-column sums take full or small "
      "blocks ('full', 'small'), or the dispatch table's choice ('auto'). For tests and benchmarks."},
+    {"set_row_prefetch", set_row_prefetch, METH_O,
+     "Makes every CUDA row-op call that takes the cluster version with per-column sums prefetch the rows of its "
+     "chunks into L2 ('on') or not ('off'), or do as the dispatch table says ('auto'). For tests and benchmarks."},
+    {"last_row_prefetch", last_row_prefetch, METH_NOARGS,
+     "Whether the last CUDA row-op call prefetched its rows ('on', 'off'; 'auto' where it took no version that "
+     "can, or before any). For tests and benchmarks."},
     {"last_cluster_block_threads", last_cluster_block_threads, METH_NOARGS,
      "The threads of a block of the last CUDA row-op call that took the cluster version (0 before any). For tests "
      "and benchmarks."},

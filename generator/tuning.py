@@ -11,7 +11,7 @@ thresholds land in the generated .cu sources. Two kinds of file:
 GPUs of one architecture differ in memory rate and clocks, and so in where one version
 overtakes another (the H100 and the H200 are both sm_90).
 
-A file holds, besides how it was measured, ten tables. For each row op and kernel
+A file holds, besides how it was measured, eleven tables. For each row op and kernel
 ("forward", "backward") and element type: the row length in 16-byte vectors from which
 the staged (shared-memory) version beats the register version, the one from which the
 global version beats every other, the one from which the register version pipelined
@@ -26,7 +26,9 @@ register version on narrow rows (twice the threads holding half the vectors) bea
 pipelined, not and on wide rows; and for the cluster version without per-column sums,
 the one from which small blocks (a quarter of the threads) beat the full ones; and for
 backwards with per-column sums, the one from which the tiled version run as one kernel
-beats it run as two; null where it never does. A file may
+beats it run as two; and for the cluster version with per-column sums, the one from
+which prefetching the rows of its chunks into L2 beats not doing so; null where it never
+does. A file may
 leave out any table but "staged_min_vectors"; the version of a table it leaves out is
 never taken by choice:
 
@@ -47,7 +49,8 @@ TUNING_DIR = "tuning"
 DTYPES = ("float16", "bfloat16", "float32")  # the order of the arrays of avo::RowTuning
 TABLES = ("staged_min_vectors", "global_min_vectors", "pipelined_min_vectors", "tiled_min_vectors",
           "cluster_min_vectors", "wide_min_vectors", "coarse_chunks_min_vectors",
-          "narrow_max_vectors", "small_cluster_blocks_min_vectors", "one_kernel_min_vectors")  # avo::RowTuning's order
+          "narrow_max_vectors", "small_cluster_blocks_min_vectors", "one_kernel_min_vectors",
+          "prefetch_min_vectors")  # avo::RowTuning's order
 # The tables that give a version rows up to a length (the others: from a length on).
 UP_TO_TABLES = ("narrow_max_vectors",)
 ROLES = ("forward", "backward")

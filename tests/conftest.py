@@ -44,8 +44,8 @@ ROW_VERSIONS = ("register", "pipelined", "wide", "narrow", "staged", "cluster", 
 @contextlib.contextmanager
 def forced(setter, name):
     """A choice of the CUDA row kernels (avo_ops._C.set_row_version, set_chunk_size,
-    set_cluster_blocks or set_tiled_kernels) forced to `name` for the block, then given back
-    to the table ('auto')."""
+    set_cluster_blocks, set_tiled_kernels or set_row_prefetch) forced to `name` for the
+    block, then given back to the table ('auto')."""
     setter(name)
     try:
         yield

@@ -303,10 +303,14 @@ def test_avo_kernel_names_the_row_version_with_its_blocks_or_kernels(monkeypatch
     monkeypatch.setattr(ext, "last_cluster_block_threads", lambda: 256)
     monkeypatch.setattr(ext, "last_tiled_kernels", lambda: "one")
     layernorm = bench_cases.find_case("layernorm", "bwd")
-    for version, fixed, label in (("cluster", 0, "cluster 256"), ("tiled", 0, "tiled one"), ("wide", 0, "wide"),
-                                  ("register", 0, "register"), ("narrow", 16, "narrow fixed 16")):
+    for version, fixed, prefetch, label in (("cluster", 0, "off", "cluster 256"),
+                                            ("cluster", 0, "on", "cluster 256 prefetch"),
+                                            ("tiled", 0, "auto", "tiled one"), ("wide", 0, "auto", "wide"),
+                                            ("register", 0, "auto", "register"),
+                                            ("narrow", 16, "auto", "narrow fixed 16")):
         monkeypatch.setattr(ext, "last_row_version", lambda version=version: version)
         monkeypatch.setattr(ext, "last_fixed_group_threads", lambda fixed=fixed: fixed)
+        monkeypatch.setattr(ext, "last_row_prefetch", lambda prefetch=prefetch: prefetch)
         assert bench_ops.avo_kernel(layernorm) == label
     assert bench_ops.avo_kernel(bench_cases.find_case("gelu", "fwd")) is None
 

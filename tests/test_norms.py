@@ -1179,12 +1179,19 @@ TILED = [name for name in NORMS if name != "channel_norm"]
 @pytest.mark.parametrize("shape", TILED_SHAPES, ids=str)
 @pytest.mark.parametrize("name", TILED)
 def test_tiled_kernel_version_in_one_and_in_two_kernels_matches_float64(name, shape, tiled_kernels, dtype):
+    check_forced_backward(name, shape, dtype, "tiled", avo_ops._C.set_tiled_kernels, tiled_kernels,
+                          avo_ops._C.last_tiled_kernels)
+
+
+def check_forced_backward(name, shape, dtype, version, choose, choice, chosen):
+    """check_gradients on CUDA inputs of `shape` with every call forced onto `version` and
+    `choice` of `choose`; the backward, the last call, took both (`chosen` says)."""
     op = OPS[name]
     tensors = make_inputs(op, shape, dtype, "cuda")
-    with forced(avo_ops._C.set_row_version, "tiled"), forced(avo_ops._C.set_tiled_kernels, tiled_kernels):
+    with forced(avo_ops._C.set_row_version, version), forced(choose, choice):
         check_gradients(op, tensors, dtype, op.op)
-        assert avo_ops._C.last_row_version() == "tiled"
-        assert avo_ops._C.last_tiled_kernels() == tiled_kernels
+        assert avo_ops._C.last_row_version() == version
+        assert chosen() == choice
 
 
 @needs_cuda
@@ -1226,6 +1233,50 @@ def test_a_tiled_layernorm_backward_of_65536_takes_the_kernels_of_the_tables_one
     assert kernels == ("one" if one and fits else "two")
 
 
+# The cluster version of the backwards with per-column sums, with and without the rows
+# of each chunk prefetched into L2 (avo_ops._C.set_row_prefetch): the prefetch is a hint
+# and changes no value. Chunks of several rows in blocks of 512 threads (301x16384 in 16
+# bits; a last chunk shorter than the others), of small clusters (67x2048), and of long
+# rows (5x32768).
+PREFETCH_SHAPES = [(301, 16384), (67, 2048), (5, 32768)]
+
+
+@needs_cuda
+@pytest.mark.parametrize("prefetch", ["off", "on"])
+@pytest.mark.parametrize("shape", PREFETCH_SHAPES, ids=str)
+@pytest.mark.parametrize("name", TILED)
+def test_cluster_backward_with_its_rows_prefetched_or_not_matches_float64(name, shape, prefetch, dtype):
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("thread-block clusters need sm_90")
+    check_forced_backward(name, shape, dtype, "cluster", avo_ops._C.set_row_prefetch, prefetch,
+                          avo_ops._C.last_row_prefetch)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_a_cluster_add_layernorm_backward_of_16384_prefetches_as_the_tables_line_says(dtype):
+    """The prefetch line for add_layernorm's backward of this sm_90 GPU's table
+    (this_gpus_table), not forced: rows of 16384 elements in the cluster version prefetch
+    where the line is at or below their length; the forward (no per-column sums) never
+    does."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("thread-block clusters need sm_90")
+    prefetch = sm_90_line_reached("prefetch_min_vectors", "add_layernorm", "backward", dtype, 16384)
+    op = OPS["add_layernorm"]
+    tensors = make_inputs(op, (64, 16384), dtype, "cuda")
+    with forced(avo_ops._C.set_row_version, "cluster"):
+        check_gradients(op, tensors, dtype, op.op)
+        assert avo_ops._C.last_row_version() == "cluster"
+        assert avo_ops._C.last_row_prefetch() == ("on" if prefetch else "off")
+        op.op(*tensors)
+        assert avo_ops._C.last_row_prefetch() == "auto"
+
+
+def test_set_row_prefetch_rejects_unknown_names():
+    with pytest.raises(ValueError, match="set_row_prefetch: unknown prefetch 'maybe'"):
+        avo_ops._C.set_row_prefetch("maybe")
+
+
 def test_set_tiled_kernels_rejects_unknown_names():
     with pytest.raises(ValueError, match="set_tiled_kernels: unknown kernels 'three'"):
         avo_ops._C.set_tiled_kernels("three")
@@ -1237,13 +1288,14 @@ def test_set_cluster_blocks_rejects_unknown_names():
 
 
 def test_the_row_kernel_setters_take_each_of_their_names():
-    """set_row_version, set_chunk_size, set_cluster_blocks and set_tiled_kernels accept
-    every name they list; each is set back by 'auto'."""
+    """set_row_version, set_chunk_size, set_cluster_blocks, set_tiled_kernels and
+    set_row_prefetch accept every name they list; each is set back by 'auto'."""
     setters = {avo_ops._C.set_row_version: ["register", "pipelined", "wide", "narrow", "staged", "cluster", "global",
                                             "tiled"],
                avo_ops._C.set_chunk_size: ["fine", "coarse"],
                avo_ops._C.set_cluster_blocks: ["full", "small"],
-               avo_ops._C.set_tiled_kernels: ["two", "one"]}
+               avo_ops._C.set_tiled_kernels: ["two", "one"],
+               avo_ops._C.set_row_prefetch: ["off", "on"]}
     for setter, names in setters.items():
         try:
             for name in names:

@@ -49,9 +49,11 @@ def test_without_tuning_files_every_gpu_gets_the_default(tmp_path):
     assert "//   | forward  | any other GPU | narrow    |    never |    never |    never |" in cu
     assert "//   | forward  | any other GPU | small     |    never |    never |    never |" in cu
     assert "//   | backward | any other GPU | one       |    never |    never |    never |" in cu
+    assert "//   | backward | any other GPU | prefetch  |    never |    never |    never |" in cu
     # the narrow line gives rows up to a length: never is 0 vectors there
     never_up_to = "{avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}"
-    assert f"{{0, {never}, {never}, {never}, {never}, {never}, {never}, {never}, {never_up_to}, {never}, {never}}}," in cu
+    assert (f"{{0, {never}, {never}, {never}, {never}, {never}, {never}, {never}, {never_up_to}, {never}, "
+            f"{never}, {never}}},") in cu
     assert "(args, ForwardMath{}, kForwardTuning, stream)" in cu and "kBackwardTuning, stream)" in cu
 
 
@@ -67,7 +69,8 @@ def test_a_tuning_file_sets_the_thresholds_of_its_arch(tmp_path):
               "coarse_chunks_min_vectors": {"softmax": {"backward": {"float16": 2048}}},
               "narrow_max_vectors": {"softmax": {"forward": {"float16": 64, "bfloat16": 32}}},
               "small_cluster_blocks_min_vectors": {"softmax": {"forward": {"bfloat16": 8192}}},
-              "one_kernel_min_vectors": {"softmax": {"backward": {"float32": 4096}}}}
+              "one_kernel_min_vectors": {"softmax": {"backward": {"float32": 4096}}},
+              "prefetch_min_vectors": {"softmax": {"backward": {"float16": 512}}}}
     cu = _softmax_cu(_tree(tmp_path, tuning))
     assert "//   | forward  | sm_90 (NVIDIA H200) | staged    |      512 |    never |     2048 |" in cu
     assert "//   | forward  | sm_90 (NVIDIA H200) | global    |    never |    never |     4096 |" in cu
@@ -86,23 +89,26 @@ def test_a_tuning_file_sets_the_thresholds_of_its_arch(tmp_path):
     assert "//   | forward  | sm_90 (NVIDIA H200) | small     |    never |     8192 |    never |" in cu
     assert "//   | backward | sm_90 (NVIDIA H200) | small     |    never |    never |    never |" in cu
     assert "//   | backward | sm_90 (NVIDIA H200) | one       |    never |    never |     4096 |" in cu
+    assert "//   | backward | sm_90 (NVIDIA H200) | prefetch  |      512 |    never |    never |" in cu
+    assert "//   | forward  | sm_90 (NVIDIA H200) | prefetch  |    never |    never |    never |" in cu
     forward = cu[cu.index("kForwardTuning[] = {"):]
     never = "{avo::kNever, avo::kNever, avo::kNever}"
     never_up_to = "{avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}"
     assert forward.splitlines()[1].strip() == (
         "{90, {512, avo::kNever, 2048}, {avo::kNever, avo::kNever, 4096}, {avo::kNever, 256, avo::kNever}, "
         f"{never}, {never}, " + "{avo::kNever, avo::kNever, 2048}, " + f"{never}, " + "{64, 32, avo::kNeverUpTo}, "
-        "{avo::kNever, 8192, avo::kNever}, " + f"{never}}},")
+        "{avo::kNever, 8192, avo::kNever}, " + f"{never}, {never}}},")
     assert forward.splitlines()[2].strip() == (
-        f"{{0, {never}, {never}, {never}, {never}, {never}, {never}, {never}, {never_up_to}, {never}, {never}}},")
+        f"{{0, {never}, {never}, {never}, {never}, {never}, {never}, {never}, {never_up_to}, {never}, {never}, "
+        f"{never}}},")
     backward = cu[cu.index("kBackwardTuning[] = {"):]
     assert backward.splitlines()[1].strip() == (
         "{90, {avo::kNever, avo::kNever, 1024}, " + f"{never}, {never}, " + "{2048, avo::kNever, avo::kNever}, "
         "{avo::kNever, 1024, avo::kNever}, " + f"{never}, " + "{2048, avo::kNever, avo::kNever}, "
-        f"{never_up_to}, {never}, " + "{avo::kNever, avo::kNever, 4096}},")
+        f"{never_up_to}, {never}, " + "{avo::kNever, avo::kNever, 4096}, {512, avo::kNever, avo::kNever}},")
 
 
-def test_a_tuning_file_without_global_pipelined_tiled_cluster_wide_coarse_narrow_small_or_one_tables_never_picks_them(tmp_path):
+def test_a_tuning_file_of_the_staged_table_alone_never_picks_what_the_other_tables_give(tmp_path):
     tuning = {"arch": 90, "gpu": "NVIDIA H200", "staged_min_vectors": {"softmax": {"forward": {"float16": 512}}}}
     cu = _softmax_cu(_tree(tmp_path, tuning))
     assert "//   | forward  | sm_90 (NVIDIA H200) | global    |    never |    never |    never |" in cu
@@ -114,8 +120,9 @@ def test_a_tuning_file_without_global_pipelined_tiled_cluster_wide_coarse_narrow
     assert "//   | forward  | sm_90 (NVIDIA H200) | narrow    |    never |    never |    never |" in cu
     assert "//   | forward  | sm_90 (NVIDIA H200) | small     |    never |    never |    never |" in cu
     assert "//   | backward | sm_90 (NVIDIA H200) | one       |    never |    never |    never |" in cu
+    assert "//   | backward | sm_90 (NVIDIA H200) | prefetch  |    never |    never |    never |" in cu
     assert ("{avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, "
-            "{avo::kNever, avo::kNever, avo::kNever}},") in cu
+            "{avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},") in cu
 
 
 @pytest.mark.parametrize("content, name, phrase", [
@@ -428,6 +435,43 @@ def test_small_cluster_blocks_threshold_is_against_full_blocks_where_they_differ
     points[2] = m(65536, 88.0, 92.2)
     assert thresholds(points, ["small_cluster_blocks_min_vectors"], 0.01, 0.03) == {
         "small_cluster_blocks_min_vectors": None}
+
+
+def test_prefetch_threshold_is_against_no_prefetch_where_the_call_took_the_cluster_rows():
+    from tune_rows import thresholds
+
+    def m(n, off, on):
+        times = {"off_row_prefetch_us": off, "on_row_prefetch_us": on}
+        return {"kernel": "backward", "row_length": n, "vectors": n // 8,
+                **{k: v for k, v in times.items() if v is not None}}
+
+    # add_layernorm's bf16 backward on an H100: level at 2048, ahead by 5-9% from 4096 on;
+    # rows in another version (time_choices kept none) are no points
+    points = [m(1024, None, None), m(2048, 220.0, 219.5), m(4096, 210.7, 200.0), m(16384, 226.7, 208.3),
+              m(65536, None, None)]
+    assert thresholds(points, ["prefetch_min_vectors"], 0.01, 0.03) == {"prefetch_min_vectors": 512}
+    # slower with the prefetch by more than the tolerance at a longer row: never
+    points[3] = m(16384, 200.0, 215.0)
+    assert thresholds(points, ["prefetch_min_vectors"], 0.01, 0.03) == {"prefetch_min_vectors": None}
+
+
+def test_time_row_prefetch_times_both_and_gives_the_choice_back(monkeypatch):
+    import bench_ops
+    import tune_rows
+
+    monkeypatch.setattr(bench_ops, "input_sets", lambda case, shape, dtype: [(1,)])
+    state = {"choice": "auto", "taken": "auto"}
+    c = types.SimpleNamespace(set_row_prefetch=lambda p: state.update(choice=p),
+                              last_row_prefetch=lambda: state["taken"])
+    avo_ops = types.SimpleNamespace(_C=c)
+    case = types.SimpleNamespace(avo=lambda x: state.update(taken=state["choice"]))
+    timer = _StubTimer({"off": [3.0], "on": [2.0]}, state)
+    assert tune_rows.time_row_prefetch(avo_ops, case, (4, 8), None, timer) == {
+        "off_row_prefetch": 3.0, "on_row_prefetch": 2.0}
+    assert state["choice"] == "auto"
+    # a call that took no version that prefetches ("auto" after it ran) gives no times
+    case = types.SimpleNamespace(avo=lambda x: state.update(taken="auto"))
+    assert tune_rows.time_row_prefetch(avo_ops, case, (4, 8), None, timer) == {}
 
 
 class _StubTimer:

@@ -36,6 +36,7 @@ namespace avo::ops::add_rmsnorm {
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | narrow    |      128 |      128 |     1024 |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | small     |     8192 |     8192 |     8192 |
 //   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | one       |    never |    never |    never |
+//   | forward  | sm_90, NVIDIA H100 80GB HBM3 only | prefetch  |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200)               | staged    |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200)               | global    |    never |    never |    never |
 //   | forward  | sm_90 (NVIDIA H200)               | pipelined |    never |    never |    never |
@@ -46,6 +47,7 @@ namespace avo::ops::add_rmsnorm {
 //   | forward  | sm_90 (NVIDIA H200)               | narrow    |     1024 |     1024 |    never |
 //   | forward  | sm_90 (NVIDIA H200)               | small     |     8192 |     8192 |     8192 |
 //   | forward  | sm_90 (NVIDIA H200)               | one       |    never |    never |    never |
+//   | forward  | sm_90 (NVIDIA H200)               | prefetch  |    never |    never |    never |
 //   | forward  | any other GPU                     | staged    |    never |    never |    never |
 //   | forward  | any other GPU                     | global    |    never |    never |    never |
 //   | forward  | any other GPU                     | pipelined |    never |    never |    never |
@@ -56,6 +58,7 @@ namespace avo::ops::add_rmsnorm {
 //   | forward  | any other GPU                     | narrow    |    never |    never |    never |
 //   | forward  | any other GPU                     | small     |    never |    never |    never |
 //   | forward  | any other GPU                     | one       |    never |    never |    never |
+//   | forward  | any other GPU                     | prefetch  |    never |    never |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | staged    |    never |    never |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | global    |    never |    never |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | pipelined |    never |    never |    never |
@@ -66,6 +69,7 @@ namespace avo::ops::add_rmsnorm {
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | narrow    |    never |    never |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | small     |    never |    never |    never |
 //   | backward | sm_90, NVIDIA H100 80GB HBM3 only | one       |     1024 |     1024 |     1024 |
+//   | backward | sm_90, NVIDIA H100 80GB HBM3 only | prefetch  |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200)               | staged    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200)               | global    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200)               | pipelined |    never |    never |    never |
@@ -76,6 +80,7 @@ namespace avo::ops::add_rmsnorm {
 //   | backward | sm_90 (NVIDIA H200)               | narrow    |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200)               | small     |    never |    never |    never |
 //   | backward | sm_90 (NVIDIA H200)               | one       |     1024 |     1024 |     1024 |
+//   | backward | sm_90 (NVIDIA H200)               | prefetch  |    never |    never |    never |
 //   | backward | any other GPU                     | staged    |    never |    never |    never |
 //   | backward | any other GPU                     | global    |    never |    never |    never |
 //   | backward | any other GPU                     | pipelined |    never |    never |    never |
@@ -86,15 +91,16 @@ namespace avo::ops::add_rmsnorm {
 //   | backward | any other GPU                     | narrow    |    never |    never |    never |
 //   | backward | any other GPU                     | small     |    never |    never |    never |
 //   | backward | any other GPU                     | one       |    never |    never |    never |
+//   | backward | any other GPU                     | prefetch  |    never |    never |    never |
 constexpr avo::RowTuning kForwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {128, 128, 1024}, {8192, 8192, 8192}, {avo::kNever, avo::kNever, avo::kNever}, "NVIDIA H100 80GB HBM3"},
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {1024, 1024, avo::kNeverUpTo}, {8192, 8192, 8192}, {avo::kNever, avo::kNever, avo::kNever}},
-    {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {128, 128, 1024}, {8192, 8192, 8192}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, "NVIDIA H100 80GB HBM3"},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {1024, 1024, avo::kNeverUpTo}, {8192, 8192, 8192}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
+    {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 constexpr avo::RowTuning kBackwardTuning[] = {
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 32768}, {256, 256, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {1024, 1024, 1024}, "NVIDIA H100 80GB HBM3"},
-    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 32768}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {1024, 1024, 1024}},
-    {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 32768}, {256, 256, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {1024, 1024, 1024}, {avo::kNever, avo::kNever, avo::kNever}, "NVIDIA H100 80GB HBM3"},
+    {90, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {4096, 4096, 32768}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {2048, 2048, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {1024, 1024, 1024}, {avo::kNever, avo::kNever, avo::kNever}},
+    {0, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNeverUpTo, avo::kNeverUpTo, avo::kNeverUpTo}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}, {avo::kNever, avo::kNever, avo::kNever}},
 };
 
 void forward_cuda(avo::DType dtype, const ForwardArgs& args, float eps, cudaStream_t stream) {

@@ -119,6 +119,9 @@ struct RowArgs {
   int64_t rows_per_chunk;
   // The tiled version's tile sums (see row_tiles), or nullptr where the call has none.
   float* tile_sums;
+  // GPU cluster rows with per-column sums: whether they ask L2 for the rows of their
+  // chunk ahead of their loads (cluster_rows; set by launch_row_op).
+  bool prefetch_rows;
 };
 
 // Column totals of fp32 tables: target k ([length], in the op's dtype) is the sum of

@@ -844,6 +844,23 @@ struct RegisterRow
     }
   }
 
+  // Asks L2 for row `row` of every per-element input, which this row's threads load
+  // later (sm_90, rows of 16-byte vectors; one thread calls it). A bulk prefetch holds no
+  // registers: the row is on its way from memory while the threads hold another.
+  __device__ __forceinline__ static void prefetch_row(const Args& args, int64_t row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (sizeof(T) * V == 16) {
+      const unsigned bytes = unsigned(args.length) * unsigned(sizeof(T));
+      AVO_UNROLL
+      for (int k = 0; k < Args::kInputs; ++k) {
+        if (!((Math::kElementInputs >> k) & 1u)) continue;
+        const T* p = static_cast<const T*>(args.inputs[k]) + row * args.length;
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes));
+      }
+    }
+#endif
+  }
+
   __device__ __forceinline__ int vector_index(int i) const { return i * group_threads + lane; }
 
   // Per-row value k that the forward saved (RowView::load_saved), loaded with the vectors.
@@ -1611,8 +1628,9 @@ constexpr bool kCanPipeline = kElementInputCount<Math> * kRowVectors<Math> * 4 <
 // group's loads of the next row are then in flight while it reduces this one (otherwise
 // it waits for memory at the start of every row). It costs registers and instructions
 // (copying the vectors): on the H200 it cost some short rows 5-11%, and the dispatch
-// table says from which length on it pays.
-template <typename Row, typename Args, typename TurnAt, typename Run>
+// table says from which length on it pays. kPrefetch: where args.prefetch_rows, the
+// first thread also asks L2 for row t + 2 (RegisterRow::prefetch_row).
+template <typename Row, bool kPrefetch = false, typename Args, typename TurnAt, typename Run>
 __device__ __forceinline__ void pipelined_rows(const Args& args, int64_t count, int lane, int threads, TurnAt turn_at,
                                                Run run) {
   if (count <= 0) return;
@@ -1624,6 +1642,12 @@ __device__ __forceinline__ void pipelined_rows(const Args& args, int64_t count, 
     const typename Row::Vectors vectors = next;
     next_turn = turn_at(t + 1);
     Row::load_vectors(args, next_turn.row, next_turn.active && t + 1 < count, lane, threads, next);
+    if constexpr (kPrefetch) {
+      if (args.prefetch_rows && lane == 0 && t + 2 < count) {
+        const RowTurn later = turn_at(t + 2);
+        if (later.active) Row::prefetch_row(args, later.row);
+      }
+    }
     run(turn, vectors);
   }
 }
@@ -1849,7 +1873,16 @@ constexpr bool kPipelinedClusterSums =
 // Cluster q takes rows q, q + clusters, ...; with per-column sums cluster c takes chunk c.
 // Pipelined wherever kCanPipeline<Math> and Math sums no columns (on the H200 that gained
 // 3-13% on every row the cluster version takes). With per-column sums, only where
-// kPipelinedClusterSums.
+// kPipelinedClusterSums; and where args.prefetch_rows (the dispatch table's "prefetch"
+// line), the cluster's first thread asks L2 for the chunk's row after the one the
+// threads load next (RegisterRow::prefetch_row). On an H100 (2^26 elements, two runs)
+// that ran the 16-bit backwards of add_layernorm 1.02-1.09x faster at N = 2048 to 16384
+// and swish_layernorm's 1.02-1.05x, kernels of one block a multiprocessor, layernorm's
+// 1.05x at 16384 but 0.94-0.97x at 2048-4096. Where two blocks share a multiprocessor
+// (the fp32 backwards, rmsnorm's and add_rmsnorm's 16-bit ones) it lost up to 24%,
+// except layernorm's, rmsnorm's and swish_layernorm's fp32 rows of 16384-32768
+// (1.01-1.08x). The register rows lost up to 14% with it, the cluster rows without
+// per-column sums up to 24%: they do not prefetch.
 // With `stage_columns` (a call without per-column sums: launch_cluster_rows then gives
 // the kernel ColumnStage::bytes of shared memory) each thread first copies its vectors of
 // the per-column inputs there.
@@ -1893,7 +1926,7 @@ __device__ __forceinline__ void cluster_rows(const Args& args, const Math& math,
       // The same rows, and so the same count, for every block of the cluster.
       const int64_t left = args.rows - first;
       const int64_t count = left < args.rows_per_chunk ? left : args.rows_per_chunk;
-      pipelined_rows<Row>(
+      pipelined_rows<Row, true>(
           args, count, lane, threads, [&](int64_t t) { return RowTurn{first + t, true}; },
           [&](const RowTurn& turn, const typename Row::Vectors& vectors) {
             math.template apply<PrecisionFor<T>>(Row(args, turn.row, true, lane, threads, &kept, vectors, &exchanges));
@@ -1902,6 +1935,8 @@ __device__ __forceinline__ void cluster_rows(const Args& args, const Math& math,
       for (int64_t i = 0; i < args.rows_per_chunk; ++i) {
         const int64_t r = first + i;
         if (r >= args.rows) break;  // the same for the whole cluster
+        if (args.prefetch_rows && lane == 0 && i + 1 < args.rows_per_chunk && r + 1 < args.rows)
+          Row::prefetch_row(args, r + 1);
         math.template apply<PrecisionFor<T>>(Row(args, r, true, lane, threads, &kept, &exchanges));
       }
     }
@@ -2668,7 +2703,8 @@ RowThresholds row_thresholds(const RowTuning (&table)[N], const DeviceInfo& devi
       return {row.staged_min_vectors[index], row.global_min_vectors[index], row.pipelined_min_vectors[index],
               row.tiled_min_vectors[index], row.cluster_min_vectors[index], row.wide_min_vectors[index],
               row.coarse_chunks_min_vectors[index], row.narrow_max_vectors[index],
-              row.small_cluster_blocks_min_vectors[index], row.one_kernel_min_vectors[index]};
+              row.small_cluster_blocks_min_vectors[index], row.one_kernel_min_vectors[index],
+              row.prefetch_min_vectors[index]};
   return {};
 }
 
@@ -2800,6 +2836,7 @@ void launch_row_op(const Args& given, const Math& math, const RowTuning (&tuning
                                               fits_cluster, kCanPipeline<Math> && vectorized, can_tile, thresholds);
   last_row_version() = version;
   last_fixed_group_threads() = 0;
+  last_row_prefetch() = RowPrefetch::kAuto;
   int64_t partial_chunks = args.chunks;  // the chunks of the partials the version writes
   switch (version) {
     case RowVersion::kRegister:
@@ -2836,8 +2873,18 @@ void launch_row_op(const Args& given, const Math& math, const RowTuning (&tuning
       break;
     }
     case RowVersion::kCluster:
-      if (vectorized) launch_cluster_rows<T, Args, Math, V>(args, math, vectors, chunked, small_blocks, device, stream, false);
-      else launch_cluster_rows<T, Args, Math, 1>(args, math, vectors, chunked, small_blocks, device, stream, false);
+      if (vectorized) {
+        // Only the chunks of a backward with per-column sums prefetch (cluster_rows).
+        const RowPrefetch forced_prefetch = forced<RowPrefetch>();
+        Args cluster_args = args;
+        cluster_args.prefetch_rows = chunked && (forced_prefetch == RowPrefetch::kAuto
+                                                     ? vectors >= thresholds.prefetch_min_vectors
+                                                     : forced_prefetch == RowPrefetch::kOn);
+        if (chunked) last_row_prefetch() = cluster_args.prefetch_rows ? RowPrefetch::kOn : RowPrefetch::kOff;
+        launch_cluster_rows<T, Args, Math, V>(cluster_args, math, vectors, chunked, small_blocks, device, stream, false);
+      } else {
+        launch_cluster_rows<T, Args, Math, 1>(args, math, vectors, chunked, small_blocks, device, stream, false);
+      }
       break;
     case RowVersion::kTiled:
       if constexpr (kCanTile<Math>)

@@ -26,8 +26,9 @@ namespace avo {
 // coarse_chunks_min_vectors[t] on. A cluster row without per-column sums takes small
 // blocks (a quarter of the threads, cluster_block_threads in avo/row_cuda.cuh) from
 // small_cluster_blocks_min_vectors[t] on. The tiled version runs as one kernel (where all
-// its blocks fit on the GPU at once) from one_kernel_min_vectors[t] on, else as two. The
-// generated sources hold these tables, from the files of tuning/ (benchmarks/tune_rows.py
+// its blocks fit on the GPU at once) from one_kernel_min_vectors[t] on, else as two. A
+// cluster row with per-column sums prefetches the rows of its chunk into L2 from
+// prefetch_min_vectors[t] on. The generated sources hold these tables, from the files of tuning/ (benchmarks/tune_rows.py
 // writes them). A row with a `gpu` is that GPU's own (its device name exactly), and comes
 // before its arch's row: a GPU takes the first row that is its own or its arch's.
 struct RowTuning {
@@ -42,6 +43,7 @@ struct RowTuning {
   int64_t narrow_max_vectors[3];
   int64_t small_cluster_blocks_min_vectors[3];
   int64_t one_kernel_min_vectors[3];
+  int64_t prefetch_min_vectors[3];
   const char* gpu = nullptr;  // nullptr: every GPU of `arch` without a row of its own
 };
 
@@ -63,6 +65,7 @@ struct RowThresholds {
   int64_t narrow_max_vectors = kNeverUpTo;
   int64_t small_cluster_blocks_min_vectors = kNever;
   int64_t one_kernel_min_vectors = kNever;
+  int64_t prefetch_min_vectors = kNever;
 };
 
 // kPipelined is the register version loading the next row ahead (pipelined_rows), kWide
@@ -104,6 +107,17 @@ inline int64_t& last_rows_per_chunk() {
 // cluster version (0 before any): a benchmark reads it to know whether forcing changed
 // the blocks.
 enum class ClusterBlocks { kAuto = -1, kFull, kSmall };
+
+// Whether a GPU cluster row with per-column sums asks L2 for the rows of its chunk ahead
+// of their loads (RegisterRow::prefetch_row): as its table says (kAuto), or forced off
+// or on, for tests and benchmarks (avo_ops._C.set_row_prefetch). Whether the last call
+// did (kAuto: it took no version that can, or there was none): a benchmark reads it to
+// know whether forcing made a difference.
+enum class RowPrefetch { kAuto = -1, kOff, kOn };
+inline RowPrefetch& last_row_prefetch() {
+  static RowPrefetch last = RowPrefetch::kAuto;
+  return last;
+}
 inline int& last_cluster_block_threads() {
   static int last = 0;
   return last;
