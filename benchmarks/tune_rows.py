@@ -487,7 +487,8 @@ def main(argv=None) -> int:
                              or ["no cluster rows with per-column sums"] if prefetched else [])
             print(f"[{i}/{len(plan)}] {op}.{direction} {dtype_name} N={n}: "
                   + ", ".join([f"{v} {times[v]:.1f} us" if times[v] is not None else f"{v} cannot take it"
-                               for v in tried] + chunk_note + block_note + tiled_note + prefetch_note), file=sys.stderr, flush=True)
+                               for v in tried] + chunk_note + block_note + tiled_note + prefetch_note),
+                  file=sys.stderr, flush=True)
     found = {group: thresholds(points, table_names, args.margin, args.tolerance,
                                None if args.fresh else previous_lines(previous, group, table_names))
              for group, points in by_group(measurements).items()}

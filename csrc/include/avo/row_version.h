@@ -28,9 +28,10 @@ namespace avo {
 // small_cluster_blocks_min_vectors[t] on. The tiled version runs as one kernel (where all
 // its blocks fit on the GPU at once) from one_kernel_min_vectors[t] on, else as two. A
 // cluster row with per-column sums prefetches the rows of its chunk into L2 from
-// prefetch_min_vectors[t] on. The generated sources hold these tables, from the files of tuning/ (benchmarks/tune_rows.py
-// writes them). A row with a `gpu` is that GPU's own (its device name exactly), and comes
-// before its arch's row: a GPU takes the first row that is its own or its arch's.
+// prefetch_min_vectors[t] on. The generated sources hold these tables, from the files of
+// tuning/ (benchmarks/tune_rows.py writes them). A row with a `gpu` is that GPU's own
+// (its device name exactly), and comes before its arch's row: a GPU takes the first row
+// that is its own or its arch's.
 struct RowTuning {
   int arch;
   int64_t staged_min_vectors[3];
@@ -107,6 +108,10 @@ inline int64_t& last_rows_per_chunk() {
 // cluster version (0 before any): a benchmark reads it to know whether forcing changed
 // the blocks.
 enum class ClusterBlocks { kAuto = -1, kFull, kSmall };
+inline int& last_cluster_block_threads() {
+  static int last = 0;
+  return last;
+}
 
 // Whether a GPU cluster row with per-column sums asks L2 for the rows of its chunk ahead
 // of their loads (RegisterRow::prefetch_row): as its table says (kAuto), or forced off
@@ -116,10 +121,6 @@ enum class ClusterBlocks { kAuto = -1, kFull, kSmall };
 enum class RowPrefetch { kAuto = -1, kOff, kOn };
 inline RowPrefetch& last_row_prefetch() {
   static RowPrefetch last = RowPrefetch::kAuto;
-  return last;
-}
-inline int& last_cluster_block_threads() {
-  static int last = 0;
   return last;
 }
 
