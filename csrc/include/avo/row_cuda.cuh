@@ -2651,9 +2651,7 @@ template <typename T, typename Args, typename Math, int V>
 int64_t launch_tiled_rows(const Args& args, const Math& math, int64_t vectors, int64_t one_kernel_min_vectors,
                           const DeviceInfo& device, cudaStream_t stream) {
   const int64_t tiles = row_tiles(args.length, sizeof(T));
-  const TiledKernels forced_kernels = forced<TiledKernels>();
-  const bool one_wanted = forced_kernels == TiledKernels::kAuto ? vectors >= one_kernel_min_vectors
-                                                                : forced_kernels == TiledKernels::kOne;
+  const bool one_wanted = takes(TiledKernels::kOne, vectors >= one_kernel_min_vectors);
   if (one_wanted) {
     const int64_t rows_per_chunk =
         one_kernel_tiled_rows_per_chunk(args.rows, tiles, args.chunks, kOneKernelTiledBlocksPerMultiprocessor<Math>);
@@ -2714,9 +2712,7 @@ RowThresholds row_thresholds(const RowTuning (&table)[N], const DeviceInfo& devi
 template <typename Args>
 Args with_table_chunks(const Args& given, bool chunked, bool vectorized, int64_t vectors, const RowThresholds& table) {
   Args args = given;
-  const ChunkSize forced_size = forced<ChunkSize>();
-  const bool coarse = forced_size == ChunkSize::kAuto ? vectorized && vectors >= table.coarse_chunks_min_vectors
-                                                      : forced_size == ChunkSize::kCoarse;
+  const bool coarse = takes(ChunkSize::kCoarse, vectorized && vectors >= table.coarse_chunks_min_vectors);
   if (chunked && coarse) chunk_rows(args, true);
   last_rows_per_chunk() = chunked ? args.rows_per_chunk : 0;
   return args;
@@ -2748,14 +2744,16 @@ RegisterRowKernel<Args, Math> register_version_kernel(RowVersion version) {
 // unpipelined register, lean and narrow rows: groups of 8 to 64 threads (rows of 65 to
 // 2048 16-bit or 33 to 1024 fp32 elements), and of 128 to 512 threads (to 16384 16-bit
 // or 8192 fp32 elements) for the maths that keep no values between passes; kLightRow
-// maths' register rows also in groups of 1024. With the width known, a butterfly is unrolled (a shuffle
-// and an add a step, where a turn of the loop over a width known at run time takes
-// seven instructions), a group of one warp has no barrier, and the group's lanes and
-// rows are shifts and masks of constants. On an H100 these rows issued about twice the
-// instructions of torch.compile's kernels for the same bytes, which fits their falling
-// 3-4% behind it on the H200 (benchmarks/results/2026-12-06-h100-short-row-profile/).
-// In fp32 the fixed kernels gained 0.2% on an H100, where those rows run at copy (rmsnorm's,
-// held to 32 registers, 0.3-0.6%; benchmarks/results/2026-12-07-h100-fp32-fixed-widths/).
+// maths' register rows also in groups of 1024. With the width known, a butterfly is
+// unrolled (a shuffle and an add a step, where a turn of the loop over a width known at
+// run time takes seven instructions), a group of one warp has no barrier, and the
+// group's lanes and rows are shifts and masks of constants. On an H100 these rows issued
+// about twice the instructions of torch.compile's kernels for the same bytes, which fits
+// their falling 3-4% behind it on the H200
+// (benchmarks/results/2026-12-06-h100-short-row-profile/).
+// In fp32 the fixed kernels gained 0.2% on an H100, where those rows run at copy
+// (rmsnorm's, held to 32 registers, 0.3-0.6%;
+// benchmarks/results/2026-12-07-h100-fp32-fixed-widths/).
 // Other widths keep one kernel for every width: each fixed width is a kernel more to
 // build. Widths 128-512 gained up to 1.9% on an H100 (rmsnorm's 16-bit forward at
 // 16384; benchmarks/results/2026-12-07-h100-fixed-widths-to-512/); swish_layernorm's
@@ -2763,7 +2761,7 @@ RegisterRowKernel<Args, Math> register_version_kernel(RowVersion version) {
 // 64-register bound ptxas loads a row's second vector only after the first pass
 // (benchmarks/results/2026-12-07-h100-wide-fixed-widths/), so the maths with kept
 // values stop at 64.
-template <typename T, typename Math>
+template <typename Math>
 constexpr bool kFixedGroupWidths = Math::kColumnSums == 0;
 
 // The kernel of a RegisterRow version for rows of 16-byte vectors in groups of `group`
@@ -2772,7 +2770,7 @@ constexpr bool kFixedGroupWidths = Math::kColumnSums == 0;
 template <typename T, typename Args, typename Math, int V>
 RegisterRowKernel<Args, Math> fixed_or_any_group_kernel(RowVersion version, int group) {
   RegisterRowKernel<Args, Math> fixed = nullptr;
-  if constexpr (kFixedGroupWidths<T, Math>) {
+  if constexpr (kFixedGroupWidths<Math>) {
     if (version == RowVersion::kRegister || version == RowVersion::kNarrow) {
       if (group == 8) fixed = register_version_kernel<T, Args, Math, V, 8>(version);
       if (group == 16) fixed = register_version_kernel<T, Args, Math, V, 16>(version);
@@ -2821,10 +2819,8 @@ void launch_row_op(const Args& given, const Math& math, const RowTuning (&tuning
   const bool may_cluster = forced<RowVersion>() == RowVersion::kCluster ||
                            (!fits_registers && !fits_wide && !fits_staged) || vectors >= thresholds.cluster_min_vectors;
   // Small cluster blocks from the table's "small" line on (rows of 16-byte vectors), or forced.
-  const ClusterBlocks forced_blocks = forced<ClusterBlocks>();
-  const bool small_blocks = forced_blocks == ClusterBlocks::kAuto
-                                ? vectorized && vectors >= thresholds.small_cluster_blocks_min_vectors
-                                : forced_blocks == ClusterBlocks::kSmall;
+  const bool small_blocks =
+      takes(ClusterBlocks::kSmall, vectorized && vectors >= thresholds.small_cluster_blocks_min_vectors);
   const bool fits_cluster =
       may_cluster && (vectorized ? launch_cluster_rows<T, Args, Math, V>(args, math, vectors, chunked, small_blocks,
                                                                          device, stream, true)
@@ -2875,11 +2871,8 @@ void launch_row_op(const Args& given, const Math& math, const RowTuning (&tuning
     case RowVersion::kCluster:
       if (vectorized) {
         // Only the chunks of a backward with per-column sums prefetch (cluster_rows).
-        const RowPrefetch forced_prefetch = forced<RowPrefetch>();
         Args cluster_args = args;
-        cluster_args.prefetch_rows = chunked && (forced_prefetch == RowPrefetch::kAuto
-                                                     ? vectors >= thresholds.prefetch_min_vectors
-                                                     : forced_prefetch == RowPrefetch::kOn);
+        cluster_args.prefetch_rows = chunked && takes(RowPrefetch::kOn, vectors >= thresholds.prefetch_min_vectors);
         if (chunked) last_row_prefetch() = cluster_args.prefetch_rows ? RowPrefetch::kOn : RowPrefetch::kOff;
         launch_cluster_rows<T, Args, Math, V>(cluster_args, math, vectors, chunked, small_blocks, device, stream, false);
       } else {

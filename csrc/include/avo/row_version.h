@@ -85,6 +85,15 @@ inline E& forced() {
   return choice;
 }
 
+// Whether a call takes `choice`, one of the two of kind E (ChunkSize, ClusterBlocks,
+// TiledKernels, RowPrefetch): where it is forced, whether that is the one forced; else
+// `table_takes_it`, what the dispatch table says for the call.
+template <typename E>
+inline bool takes(E choice, bool table_takes_it) {
+  const E chosen = forced<E>();
+  return chosen == E::kAuto ? table_takes_it : chosen == choice;
+}
+
 // The version the last CUDA row-op call took (kAuto before any): a benchmark that forces
 // a version reads it to know whether its times are that version's.
 inline RowVersion& last_row_version() {
